@@ -1,0 +1,568 @@
+// The tessera command line (shared/docs/interfaces.md §3): run, summary, inspect and bench.
+//
+// Files and arguments become library calls; every failure becomes one line on stderr,
+// "tessera: error: E_CODE: <where>: <what>", and an exit status: 2 for a user error (every
+// code but E_INTERNAL), 1 for an internal failure (E_INTERNAL, any other exception, out of
+// memory). Warnings ("tessera: warning: ...") are held back until the command has succeeded, so
+// a command that fails prints its error line and nothing else.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cxxopts.hpp>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/parallel.h"
+#include "core/random.h"
+#include "io/network_file.h"
+#include "io/safetensors.h"
+#include "layers/network.h"
+
+#ifndef TESSERA_VERSION
+#error "TESSERA_VERSION comes from meson (apps/meson.build)"
+#endif
+
+namespace tessera {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: tessera <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  run NET [--weights W.safetensors] --input IN.safetensors --output OUT.safetensors\n"
+    "          [--threads N] [--seed S] [--non-strict]\n"
+    "  summary NET [--shape NAME=D0,D1,...]\n"
+    "  inspect FILE.safetensors\n"
+    "  bench NET [--weights W.safetensors] --shape NAME=D0,D1,... [--threads N]\n"
+    "            [--warmup K] [--reps R] [--json]\n"
+    "\n"
+    "NET is a network JSON file, or a .safetensors checkpoint carrying its network in the\n"
+    "metadata key tessera.network. 'tessera <command> --help' describes a command's options;\n"
+    "'tessera --version' prints the version. Exit status: 0 success, 2 a user error, 1 an\n"
+    "internal failure.\n";
+
+// Warnings wait for success: a failing command prints only its error line.
+std::vector<std::string> g_warnings;
+// A progress bar is on the terminal's current line: clear it before printing anything else.
+bool g_progress_shown = false;
+
+void clear_progress() {
+  if (!g_progress_shown) return;
+  std::fputs("\r\033[K", stderr);
+  g_progress_shown = false;
+}
+
+// Messages are one line, whatever a nested message carried.
+std::string one_line(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  std::replace(s.begin(), s.end(), '\r', ' ');
+  return s;
+}
+
+void flush_warnings() {
+  for (const std::string& w : g_warnings)
+    std::fprintf(stderr, "tessera: warning: %s\n", one_line(w).c_str());
+  g_warnings.clear();
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+  return s;
+}
+
+// 412345 -> "412,345"
+std::string thousands(uint64_t n) {
+  const std::string digits = std::to_string(n);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------ argument parsing
+
+struct Command {
+  std::string name;
+  cxxopts::Options options;
+  cxxopts::ParseResult result;
+
+  Command(std::string cmd, const std::string& help)
+      : name(std::move(cmd)), options("tessera " + name, help) {}
+
+  // Parses argv after the command word. E_ARG for anything cxxopts rejects and for stray
+  // positional arguments.
+  void parse(int argc, char** argv) {
+    options.add_options()("h,help", "Print this help");
+    try {
+      result = options.parse(argc, argv);
+    } catch (const cxxopts::exceptions::exception& e) {
+      fail(ErrorCode::Arg, name, e.what());
+    }
+    if (!result.unmatched().empty())
+      fail(ErrorCode::Arg, name, "unexpected argument '" + result.unmatched()[0] + "'");
+  }
+  bool help() const { return result.count("help") > 0; }
+  bool has(const char* opt) const { return result.count(opt) > 0; }
+  std::string str(const char* opt) const { return result[opt].as<std::string>(); }
+  std::string required(const char* opt, const char* what) const {
+    if (!has(opt)) fail(ErrorCode::Arg, name, std::string("missing ") + what);
+    return str(opt);
+  }
+  std::optional<std::string> optional(const char* opt) const {
+    if (!has(opt)) return std::nullopt;
+    return str(opt);
+  }
+  // Every value of an option that may be repeated (--shape a=1 --shape b=2), in order.
+  std::vector<std::string> all(const char* opt) const {
+    std::vector<std::string> v;
+    for (const auto& kv : result.arguments())
+      if (kv.key() == opt) v.push_back(kv.value());
+    return v;
+  }
+  // A decimal integer in [min, max]; the option's default when absent.
+  uint64_t integer(const char* opt, uint64_t def, uint64_t min, uint64_t max) const {
+    if (!has(opt)) return def;
+    const std::string text = str(opt);
+    uint64_t v = 0;
+    bool ok = !text.empty() && text.size() <= 20;
+    for (char c : text) {
+      ok = ok && c >= '0' && c <= '9';
+      if (!ok) break;
+      const uint64_t digit = static_cast<uint64_t>(c - '0');
+      if (v > (UINT64_MAX - digit) / 10) {
+        ok = false;
+        break;
+      }
+      v = v * 10 + digit;
+    }
+    if (!ok || v < min || v > max)
+      fail(ErrorCode::Arg, name,
+           std::string("--") + opt + ": '" + text + "' is not an integer in [" +
+               std::to_string(min) + ", " + std::to_string(max) + "]");
+    return v;
+  }
+};
+
+// "--shape NAME=D0,D1,..." (repeatable) -> name -> shape. "NAME=" is a scalar.
+std::map<std::string, Shape> parse_shapes(const std::vector<std::string>& specs) {
+  std::map<std::string, Shape> shapes;
+  for (const std::string& spec : specs) {
+    const size_t eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0)
+      fail(ErrorCode::Arg, "--shape", "'" + spec + "' is not NAME=D0,D1,...");
+    const std::string name = spec.substr(0, eq);
+    Shape shape;
+    const std::string dims = spec.substr(eq + 1);
+    size_t pos = 0;
+    while (!dims.empty() && pos <= dims.size()) {
+      const size_t comma = std::min(dims.find(',', pos), dims.size());
+      const std::string d = dims.substr(pos, comma - pos);
+      const bool digits =
+          !d.empty() && d.size() <= 18 &&
+          std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (!digits)
+        fail(ErrorCode::Arg, "--shape",
+             "'" + spec + "': '" + d + "' is not a dimension (a non-negative integer)");
+      shape.push_back(std::stoll(d));
+      pos = comma + 1;
+    }
+    if (!shapes.emplace(name, shape).second)
+      fail(ErrorCode::Arg, "--shape", "input " + name + " is given twice");
+  }
+  return shapes;
+}
+
+void apply_threads(const Command& cmd) {
+  if (cmd.has("threads")) set_num_threads(static_cast<int>(cmd.integer("threads", 0, 1, 4096)));
+}
+
+// ------------------------------------------------------------------ models
+
+// A checkpoint's tensors as a state dict; tensors tessera cannot read as numbers (F8_E4M3, U16,
+// ...) are listed apart so the weight check can name them.
+void read_state(const SafetensorsFile& file, std::map<std::string, Tensor>& state,
+                std::map<std::string, std::string>& unusable) {
+  for (const std::string& name : file.names()) {
+    const SafetensorsTensorInfo& info = file.info(name);
+    if (info.computable())
+      state.emplace(name, file.tensor(name));
+    else
+      unusable.emplace(name, info.dtype_name);
+  }
+}
+
+// NET (with its stored weights, or --weights) as a ready Model.
+Model load_model(const std::string& net_path, const std::optional<std::string>& weights_path,
+                 bool strict, uint64_t seed) {
+  std::optional<SafetensorsFile> checkpoint;
+  const NetworkSpec spec = load_network(net_path, &checkpoint);
+  Model model(spec, seed);
+  std::optional<SafetensorsFile> weights;
+  const SafetensorsFile* source = nullptr;
+  if (weights_path) {
+    weights.emplace(SafetensorsFile::open(*weights_path));
+    source = &*weights;
+  } else if (checkpoint && checkpoint->size() > 0) {
+    source = &*checkpoint;
+  }
+  const std::string seed_text = std::to_string(seed);
+  if (source) {
+    std::map<std::string, Tensor> state;
+    std::map<std::string, std::string> unusable;
+    read_state(*source, state, unusable);
+    const WeightsReport report = model.load_weights(state, strict, source->path(), unusable);
+    if (!report.missing.empty())
+      g_warnings.push_back(source->path() + ": missing weights initialised from --seed " +
+                           seed_text + ": " + join(report.missing));
+    if (!report.unexpected.empty())
+      g_warnings.push_back(source->path() +
+                           ": unexpected weights ignored: " + join(report.unexpected));
+  } else if (model.parameter_count() > 0) {
+    g_warnings.push_back("no weights given (no --weights, none stored in " + net_path +
+                         "): parameters initialised randomly from --seed " + seed_text);
+  }
+  return model;
+}
+
+// ------------------------------------------------------------------ run
+
+int cmd_run(int argc, char** argv) {
+  Command cmd("run", "Run a network on the tensors of IN and write its outputs to OUT.");
+  // clang-format off
+  cmd.options.add_options()
+      ("net", "Network JSON file or .safetensors checkpoint", cxxopts::value<std::string>())
+      ("weights", "Weights checkpoint (replaces weights stored in NET)",
+       cxxopts::value<std::string>(), "W.safetensors")
+      ("input", "One tensor per network input, by name", cxxopts::value<std::string>(),
+       "IN.safetensors")
+      ("output", "Written atomically: one F32 tensor per network output",
+       cxxopts::value<std::string>(), "OUT.safetensors")
+      ("threads", "Cap on worker threads (default: all cores)", cxxopts::value<std::string>(), "N")
+      ("seed", "Seed for parameters without weights (default 0)", cxxopts::value<std::string>(),
+       "S")
+      ("non-strict", "Ignore unexpected weights and initialise missing ones, with a warning");
+  // clang-format on
+  cmd.options.parse_positional({"net"});
+  cmd.options.positional_help("NET");
+  cmd.parse(argc, argv);
+  if (cmd.help()) {
+    std::cout << cmd.options.help();
+    return 0;
+  }
+  const std::string net = cmd.required("net", "NET (a network file)");
+  const std::string input = cmd.required("input", "--input IN.safetensors");
+  const std::string output = cmd.required("output", "--output OUT.safetensors");
+  const uint64_t seed = cmd.integer("seed", 0, 0, UINT64_MAX);
+  apply_threads(cmd);
+
+  Model model = load_model(net, cmd.optional("weights"), !cmd.has("non-strict"), seed);
+  const NetworkSpec& spec = model.network().spec();
+
+  const SafetensorsFile in = SafetensorsFile::open(input);
+  std::vector<std::string> missing, unknown, names;
+  for (const NetworkInput& i : spec.inputs) {
+    names.push_back(i.name);
+    if (!in.contains(i.name)) missing.push_back(i.name);
+  }
+  for (const std::string& name : in.names())
+    if (std::find(names.begin(), names.end(), name) == names.end()) unknown.push_back(name);
+  if (!missing.empty() || !unknown.empty())
+    fail(ErrorCode::Arg, input,
+         (missing.empty() ? "" : "missing network input " + join(missing)) +
+             (missing.empty() || unknown.empty() ? "" : "; ") +
+             (unknown.empty() ? "" : "tensor " + join(unknown) + " is not a network input") +
+             " (network inputs: " + join(names) + ")");
+  std::map<std::string, Tensor> tensors;
+  std::map<std::string, TensorDesc> descs;
+  for (const NetworkInput& i : spec.inputs) {
+    const SafetensorsTensorInfo& info = in.info(i.name);
+    if (!info.dtype || (!dtype_is_floating(*info.dtype) && *info.dtype != DType::Bool))
+      fail(ErrorCode::DType, "input " + i.name,
+           "dtype " + info.dtype_name + " is not accepted (float inputs are F32, F16, BF16 or " +
+               "F64; masks BOOL or float)");
+    Tensor t = in.tensor(i.name);
+    descs[i.name] = TensorDesc{t.shape(), t.dtype()};
+    tensors.emplace(i.name, std::move(t));
+  }
+  Plan plan(model, descs);
+  const auto& outputs = plan.run(tensors);
+  NamedTensors out;
+  for (const auto& [name, t] : outputs) out.emplace_back(name, t.to(DType::F32));
+  save_safetensors(output, out);
+  flush_warnings();
+  return 0;
+}
+
+// ------------------------------------------------------------------ summary
+
+int cmd_summary(int argc, char** argv) {
+  Command cmd("summary", "Print a network's nodes, shapes and parameter count.");
+  // clang-format off
+  cmd.options.add_options()
+      ("net", "Network JSON file or .safetensors checkpoint", cxxopts::value<std::string>())
+      ("shape", "Bind an input's shape (repeatable); open dims print as numbers",
+       cxxopts::value<std::string>(), "NAME=D0,D1,...");
+  // clang-format on
+  cmd.options.parse_positional({"net"});
+  cmd.options.positional_help("NET");
+  cmd.parse(argc, argv);
+  if (cmd.help()) {
+    std::cout << cmd.options.help();
+    return 0;
+  }
+  const std::string net = cmd.required("net", "NET (a network file)");
+  const auto shapes = parse_shapes(cmd.all("shape"));
+  const Network network = Network::resolve(load_network(net), shapes);
+  std::cout << network.summary();
+  flush_warnings();
+  return 0;
+}
+
+// ------------------------------------------------------------------ inspect
+
+// Metadata values are free text: control characters are shown escaped to keep one line each.
+std::string escape(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\t')
+      out += "\\t";
+    else if (static_cast<unsigned char>(c) < 0x20)
+      out += "\\x" + std::string(1, "0123456789abcdef"[(c >> 4) & 15]) + "0123456789abcdef"[c & 15];
+    else
+      out += c;
+  }
+  return out;
+}
+
+int cmd_inspect(int argc, char** argv) {
+  Command cmd("inspect",
+              "List a safetensors file's tensors (name, dtype, shape, bytes) and metadata.");
+  cmd.options.add_options()("file", "The .safetensors file", cxxopts::value<std::string>());
+  cmd.options.parse_positional({"file"});
+  cmd.options.positional_help("FILE.safetensors");
+  cmd.parse(argc, argv);
+  if (cmd.help()) {
+    std::cout << cmd.options.help();
+    return 0;
+  }
+  const SafetensorsFile f = SafetensorsFile::open(cmd.required("file", "FILE.safetensors"));
+  std::vector<std::string> names = f.names();
+  std::sort(names.begin(), names.end());
+  std::vector<std::vector<std::string>> rows = {{"name", "dtype", "shape", "bytes"}};
+  uint64_t data = 0;
+  for (const std::string& n : names) {
+    const SafetensorsTensorInfo& info = f.info(n);
+    rows.push_back({n, info.dtype_name, info.shape_str(), thousands(info.nbytes())});
+    data += info.nbytes();
+  }
+  std::vector<size_t> width(4, 0);
+  for (const auto& r : rows)
+    for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
+  std::string out = "file: " + f.path() + " (" + thousands(f.file_size()) + " bytes: header " +
+                    thousands(f.header_size()) + ", data " + thousands(data) + ")\n";
+  out += "tensors: " + std::to_string(names.size()) + "\n";
+  for (const auto& r : rows) {
+    // Bytes right-aligned (numbers), the rest left-aligned; two spaces between columns.
+    std::string line;
+    for (size_t c = 0; c < r.size(); ++c) {
+      const std::string pad(width[c] - r[c].size(), ' ');
+      line += c == 3 ? pad + r[c] : r[c] + (c + 1 < r.size() ? pad : "");
+      if (c + 1 < r.size()) line += "  ";
+    }
+    out += line + "\n";
+  }
+  out += "metadata: " + std::to_string(f.metadata().size()) + "\n";
+  for (const auto& [key, value] : f.metadata()) out += escape(key) + ": " + escape(value) + "\n";
+  std::cout << out;
+  return 0;
+}
+
+// ------------------------------------------------------------------ bench
+
+class ProgressBar {
+ public:
+  ProgressBar(const char* label, uint64_t total)
+      : label_(label), total_(total), enabled_(isatty(STDERR_FILENO) == 1) {}
+  void update(uint64_t done) {
+    // Redraw only when the percentage moves: at most ~100 writes whatever the rep count.
+    if (!enabled_ || (done * 100 / std::max<uint64_t>(total_, 1) == shown_ && done != total_))
+      return;
+    shown_ = done * 100 / std::max<uint64_t>(total_, 1);
+    constexpr int kWidth = 30;
+    const int filled = static_cast<int>(kWidth * done / std::max<uint64_t>(total_, 1));
+    std::fprintf(stderr, "\r%s [%s%s] %llu/%llu", label_,
+                 std::string(static_cast<size_t>(filled), '#').c_str(),
+                 std::string(static_cast<size_t>(kWidth - filled), '.').c_str(),
+                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(total_));
+    std::fflush(stderr);
+    g_progress_shown = true;
+  }
+
+ private:
+  const char* label_;
+  uint64_t total_;
+  bool enabled_;
+  uint64_t shown_ = UINT64_MAX;  // the percentage on screen
+};
+
+int cmd_bench(int argc, char** argv) {
+  Command cmd("bench", "Time a network on random inputs of the given shapes.");
+  // clang-format off
+  cmd.options.add_options()
+      ("net", "Network JSON file or .safetensors checkpoint", cxxopts::value<std::string>())
+      ("weights", "Weights checkpoint (replaces weights stored in NET)",
+       cxxopts::value<std::string>(), "W.safetensors")
+      ("shape", "An input's shape (repeatable; needed for inputs with open dims)",
+       cxxopts::value<std::string>(), "NAME=D0,D1,...")
+      ("threads", "Cap on worker threads (default: all cores)", cxxopts::value<std::string>(), "N")
+      ("warmup", "Untimed runs first (default 3)", cxxopts::value<std::string>(), "K")
+      ("reps", "Timed runs (default 20)", cxxopts::value<std::string>(), "R")
+      ("json", "Print one JSON object: median_ms, min_ms, max_ms, gflops, peak_rss_mb");
+  // clang-format on
+  cmd.options.parse_positional({"net"});
+  cmd.options.positional_help("NET");
+  cmd.parse(argc, argv);
+  if (cmd.help()) {
+    std::cout << cmd.options.help();
+    return 0;
+  }
+  const std::string net = cmd.required("net", "NET (a network file)");
+  const auto shapes = parse_shapes(cmd.all("shape"));
+  const uint64_t warmup = cmd.integer("warmup", 3, 0, 1'000'000);
+  const uint64_t reps = cmd.integer("reps", 20, 1, 1'000'000);
+  apply_threads(cmd);
+
+  Model model = load_model(net, cmd.optional("weights"), true, 0);
+  // The shapes --shape gives, checked against the network (symbols, spatial grids).
+  const Network bound = Network::resolve(model.network().spec(), shapes);
+  Generator gen(0);
+  std::map<std::string, Tensor> inputs;
+  std::map<std::string, TensorDesc> descs;
+  std::vector<std::string> shape_text;
+  for (size_t i = 0; i < bound.inputs().size(); ++i) {
+    const NetworkValue& v = bound.values()[static_cast<size_t>(bound.inputs()[i])];
+    if (!is_fixed(v.type.shape))
+      fail(ErrorCode::Arg, "--shape",
+           "input " + v.name + " " + sym_shape_to_string(v.type.shape) +
+               " has open dims; give --shape " + v.name + "=D0,D1,...");
+    const Shape shape = concrete_shape(v.type.shape);
+    // Masks keep everything (false), so every run does the full work.
+    Tensor t =
+        v.type.dtype == DType::Bool ? Tensor::zeros(shape, DType::Bool) : Tensor::randn(shape, gen);
+    descs[v.name] = TensorDesc{shape, t.dtype()};
+    inputs.emplace(v.name, std::move(t));
+    shape_text.push_back(v.name + "=" + shape_to_string(shape));
+  }
+  Plan plan(model, descs);
+
+  ProgressBar warm("warm-up", warmup);
+  for (uint64_t i = 0; i < warmup; ++i) {
+    plan.run(inputs);
+    warm.update(i + 1);
+  }
+  std::vector<double> ms;
+  ProgressBar timed("bench  ", reps);
+  for (uint64_t i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    plan.run(inputs);
+    const auto t1 = std::chrono::steady_clock::now();
+    ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    timed.update(i + 1);
+  }
+  clear_progress();
+  std::sort(ms.begin(), ms.end());
+  const size_t n = ms.size();
+  const double median = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+  const double gflops = median > 0 ? plan.flops() / (median * 1e-3) / 1e9 : 0.0;
+  struct rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  const double peak_rss_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss: KiB
+
+  if (cmd.has("json")) {
+    nlohmann::ordered_json j;
+    j["median_ms"] = median;
+    j["min_ms"] = ms.front();
+    j["max_ms"] = ms.back();
+    j["gflops"] = gflops;
+    j["peak_rss_mb"] = peak_rss_mb;
+    std::cout << j.dump() << "\n";
+  } else {
+    char buf[512];
+    std::snprintf(buf, sizeof(buf),
+                  "bench: %s  inputs %s  threads %d  %llu warm-up + %llu timed runs\n"
+                  "time: median %.3f ms  min %.3f ms  max %.3f ms\n"
+                  "compute: %.2f GFLOP/s (%.4g GFLOP per run)\n"
+                  "peak RSS: %.1f MB\n",
+                  net.c_str(), join(shape_text).c_str(), num_threads(),
+                  static_cast<unsigned long long>(warmup), static_cast<unsigned long long>(reps),
+                  median, ms.front(), ms.back(), gflops, plan.flops() / 1e9, peak_rss_mb);
+    std::cout << buf;
+  }
+  flush_warnings();
+  return 0;
+}
+
+int dispatch(int argc, char** argv, std::string& where) {
+  if (argc < 2)
+    fail(ErrorCode::Arg, "tessera", "no command given (run, summary, inspect, bench; see --help)");
+  const std::string command = argv[1];
+  if (command == "--help" || command == "-h" || command == "help") {
+    std::cout << kUsage;
+    return 0;
+  }
+  if (command == "--version") {
+    std::cout << "tessera " << TESSERA_VERSION << "\n";
+    return 0;
+  }
+  where = command;
+  // cxxopts sees the command word as the program name.
+  if (command == "run") return cmd_run(argc - 1, argv + 1);
+  if (command == "summary") return cmd_summary(argc - 1, argv + 1);
+  if (command == "inspect") return cmd_inspect(argc - 1, argv + 1);
+  if (command == "bench") return cmd_bench(argc - 1, argv + 1);
+  where = "tessera";
+  fail(ErrorCode::Arg, "tessera",
+       "unknown command '" + command + "' (commands: run, summary, inspect, bench; see --help)");
+}
+
+void print_error(const std::string& message) {
+  clear_progress();
+  std::cout.flush();
+  std::fprintf(stderr, "tessera: error: %s\n", one_line(message).c_str());
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  using tessera::ErrorCode;
+  std::string where = "tessera";
+  try {
+    return tessera::dispatch(argc, argv, where);
+  } catch (const tessera::Error& e) {
+    tessera::print_error(e.what());
+    return e.code() == ErrorCode::Internal ? 1 : 2;
+  } catch (const std::bad_alloc&) {
+    tessera::print_error("E_INTERNAL: " + where + ": out of memory");
+    return 1;
+  } catch (const std::exception& e) {
+    tessera::print_error("E_INTERNAL: " + where + ": " + e.what());
+    return 1;
+  } catch (...) {
+    tessera::print_error("E_INTERNAL: " + where + ": unknown exception");
+    return 1;
+  }
+}

@@ -1,0 +1,41 @@
+// The CPU kernels behind KernelTable (core/kernels.h), as plain functions. The Highway ones
+// re-dispatch on every call (HWY_DYNAMIC_DISPATCH reads hwy's chosen target), so a test that
+// calls hwy::SetSupportedTargetsForTest reaches each compiled SIMD target through the same table.
+// Contracts are those documented in core/kernels.h.
+#pragma once
+
+#include <cstdint>
+
+namespace tessera::cpu {
+
+// gemm_f32.cpp: OpenBLAS sgemm, single-threaded.
+void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+              int64_t ldc);
+void gemm_batched_f32(int64_t batch, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                      float alpha, const float* a, int64_t lda, int64_t stride_a, const float* b,
+                      int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
+                      int64_t stride_c);
+
+// softmax_f32.cc
+void softmax_rows_f32(int64_t rows, int64_t cols, const float* x, int64_t x_stride, float scale,
+                      const float* mask, int64_t mask_stride, float* y, int64_t y_stride);
+
+// elementwise_f32.cc
+void rope_rotate_half_f32(int64_t positions, int64_t heads, int64_t head_dim, float* x,
+                          int64_t row_stride, const float* cos, const float* sin);
+void add_bias_rows_f32(int64_t rows, int64_t cols, float* x, int64_t x_stride, const float* bias);
+void add_f32(int64_t n, const float* a, const float* b, float* y);
+void gelu_f32(int64_t n, const float* x, float* y, bool tanh_approx);
+void layer_norm_rows_f32(int64_t rows, int64_t cols, const float* x, int64_t x_stride, float* y,
+                         int64_t y_stride, const float* gamma, const float* beta, float eps);
+// The HWY_TARGET the Highway kernels dispatch to right now (one bit, e.g. HWY_AVX3).
+int64_t dispatched_target();
+
+// convert.cc
+void convert_f16_to_f32(int64_t n, const uint16_t* in, float* out);
+void convert_f32_to_f16(int64_t n, const float* in, uint16_t* out);
+void convert_bf16_to_f32(int64_t n, const uint16_t* in, float* out);
+void convert_f32_to_bf16(int64_t n, const float* in, uint16_t* out);
+
+}  // namespace tessera::cpu

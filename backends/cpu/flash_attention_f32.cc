@@ -1,0 +1,561 @@
+// flash_attention_f32: one query tile of one (batch, head) against its keys with an online
+// softmax, never materialising the [rows, kv_len] scores.
+//
+// Query rows live in vector lanes. The tile is taken in panels of up to 256 rows, each split in
+// row blocks of 2 vectors (32 rows on AVX-512) whose queries, pre-multiplied by `scale`, are
+// transposed once into scratch as qt[block][d][row]. Keys are consumed in blocks of 32; each key
+// block is copied once per panel into contiguous scratch and then serves every row block:
+//   1. scores S[key][row] = qt . k (+ mask, causal cut). Register tile of 2 row vectors x 8
+//      keys: per d, 2 aligned loads of qt and 8 broadcasts of k[s][d] feed 16 FMAs into 16
+//      accumulators (AVX-512 has 32 registers: 16 accumulators + 2 q + 8 k + spare). 4 row
+//      vectors x 4 keys (4 loads + 4 broadcasts per 16 FMAs) measured 3-5% slower: its 64-row
+//      S and qt blocks crowd L1.
+//   2. online softmax, elementwise across the block's keys because each vector holds 2N rows:
+//      block max, m_new = max(m, block max), alpha = exp(m - m_new), P = exp(S - m_new),
+//      l = alpha l + sum P. No horizontal reduction anywhere.
+//   3. O[row][:] = alpha O[row][:] + sum_key P[key][row] V[key][:]. Register tile of 4 rows x 4
+//      vectors of v_head_dim: per key, 4 loads of V and 4 broadcasts of P feed 16 FMAs. The
+//      rescale is skipped while no row's max grew (alpha == 1 exactly): after the first few
+//      blocks, the common case.
+// At head_dim = v_head_dim = 64 a (row block, key block) step is 2 x 2048 FMAs against 64 vector
+// exps of ~14 ops, 9 of them on the FMA pipes: ~14% extra FMA-pipe work. Measured split at
+// T = 512 (bench_attention_kernel, variants of this file): P.V runs at ~95% of the FMA probe,
+// scores with their packing at ~80%, the softmax costs ~8% of the total.
+//
+// Why these sizes (this machine: L1d 32 KiB per /sys/devices/system/cpu/cpu0/cache/index0, L2
+// 1 MiB per core, 4 KiB pages, THP only on madvise):
+// - Key block 32: the packed K and V blocks (32 x 64 floats = 8 KiB each), the S block (32 x 32
+//   = 4 KiB) and the current row block's qt (8 KiB) stay in L1 (28 KiB of 32) while the row
+//   blocks of the panel take turns; V is read once per 4-row P.V tile, 8 times per row block.
+//   64 keys would need 48 KiB for K, V and S alone, and measured 10-15% slower.
+// - Panel 256 rows: qt and O of the panel (64 KiB each at d = 64) live in L2; a 4096-FMA step
+//   reads 8 KiB of qt and reads and writes 8 KiB of O, ~6 B/cycle, far below L2 bandwidth.
+//   Each panel streams all of K and V once (512 B per key at d = 64: 2 MiB at T = 4096, twice
+//   L2), so the panel height divides that traffic: 128 -> 256 rows took T = 4096 from 72 to
+//   80 GFLOP/s (probe 117), with the core's tiles 256 rows high.
+// - Packing K and V per key block: the core reads them in place from the packed QKV projection
+//   ([T, 3E], rows 6 KiB apart at E = 512), so every key row sits on its own 4 KiB page. Read
+//   in place by every 32-row block, T = 4096 ran at 35-45% of the probe against 77% for
+//   contiguous K/V (TLB and L3 misses). The copy touches each row once per panel, with the
+//   next block prefetched while this one computes. (The rest of the TLB cost goes away if the
+//   caller's QKV buffer is on huge pages: +15-25% at T = 4096 with madvise(MADV_HUGEPAGE).)
+//
+// Semantics (core/kernels.h): rows whose visible scores are all -inf, and rows that see no key,
+// get zeros; a NaN score makes its row NaN (ExpNonPositive keeps NaN; see below).
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backends/cpu/flash_attention_f32.cc"
+#include <hwy/cache_control.h>
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "backends/cpu/flash_attention.h"
+#include "core/kernels.h"
+
+// Scratch layout, shared by every target and by flash_attention_scratch_floats_cpu.
+#ifndef TESSERA_BACKENDS_CPU_FLASH_ATTENTION_LAYOUT_
+#define TESSERA_BACKENDS_CPU_FLASH_ATTENTION_LAYOUT_
+namespace tessera::cpu::flash_detail {
+
+// Rows per row block on the widest target (2 AVX-512 vectors of 16 floats); narrower targets
+// use the first lanes of every 32-row section.
+constexpr int64_t kMaxRowBlock = 32;
+constexpr int64_t kPanelRows = 256;  // a multiple of kMaxRowBlock
+constexpr int64_t kKeyBlock = 32;
+// Sections start on 64-byte boundaries: aligned vector loads, and no line shared by two.
+constexpr int64_t kAlignFloats = 16;
+
+constexpr int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Offsets in floats from tile.scratch.
+struct Layout {
+  int64_t panel_rows = 0;  // rows per panel: min(rows rounded up to a row block, 256)
+  int64_t qt = 0;          // [row block][head_dim][kMaxRowBlock]: scaled queries, transposed
+  int64_t o = 0;           // [panel row][v_head_dim padded]: unnormalised output
+  int64_t m = 0;           // [panel row]: running max
+  int64_t l = 0;           // [panel row]: running sum of exp(score - m)
+  int64_t alpha = 0;       // [kMaxRowBlock]: exp(m_old - m_new) of the current row block
+  int64_t scores = 0;      // [key][kMaxRowBlock]: mask, then scores, then probabilities
+  int64_t kpack = 0;       // [key][head_dim]
+  int64_t vpack = 0;       // [key][v_head_dim padded], zero padding
+  int64_t total = 0;
+};
+
+constexpr Layout MakeLayout(int64_t rows, int64_t head_dim, int64_t v_head_dim) {
+  const int64_t dv_pad = RoundUp(v_head_dim, kAlignFloats);
+  Layout lay;
+  lay.panel_rows = std::min(RoundUp(std::max<int64_t>(rows, 1), kMaxRowBlock), kPanelRows);
+  int64_t at = 0;
+  const auto take = [&at](int64_t floats) {
+    const int64_t offset = at;
+    at += RoundUp(floats, kAlignFloats);
+    return offset;
+  };
+  lay.qt = take(lay.panel_rows * head_dim);
+  lay.o = take(lay.panel_rows * dv_pad);
+  lay.m = take(lay.panel_rows);
+  lay.l = take(lay.panel_rows);
+  lay.alpha = take(kMaxRowBlock);
+  lay.scores = take(kKeyBlock * kMaxRowBlock);
+  lay.kpack = take(kKeyBlock * head_dim);
+  lay.vpack = take(kKeyBlock * dv_pad);
+  lay.total = at;
+  return lay;
+}
+
+}  // namespace tessera::cpu::flash_detail
+#endif  // TESSERA_BACKENDS_CPU_FLASH_ATTENTION_LAYOUT_
+
+HWY_BEFORE_NAMESPACE();
+namespace tessera::HWY_NAMESPACE {
+namespace {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+using DI = hn::RebindToSigned<DF>;
+using VF = hn::Vec<DF>;
+using cpu::flash_detail::kKeyBlock;
+using cpu::flash_detail::Layout;
+
+// Register tiles. AVX-512 has 32 vector registers: scores 2 x 8 = 16 accumulators (+ 2 q + 8
+// broadcast k), P.V 4 x 4 = 16 accumulators (+ 4 V + 4 broadcast p). AVX2/SSE4 have 16: 2 x 4
+// and 4 x 2 (8 accumulators each) leave room for the operands without spilling. The P.V tile's
+// rows must divide the row block: HWY_SCALAR (1 lane, a 1- or 2-row block) takes 1 row.
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+constexpr size_t kRowVecs = 2;
+constexpr size_t kScoreKeys = 8;
+constexpr size_t kPvVecs = 4;
+#else
+constexpr size_t kRowVecs = 2;
+constexpr size_t kScoreKeys = 4;
+constexpr size_t kPvVecs = 2;
+#endif
+static_assert(kRowVecs * hn::MaxLanes(DF()) <= cpu::flash_detail::kMaxRowBlock,
+              "a row block must fit the scratch layout");
+constexpr size_t kPvRows = hn::MaxLanes(DF()) >= 4 ? 4 : 1;
+static_assert(kKeyBlock % kScoreKeys == 0, "score groups tile the key block");
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// e^x for the softmax domain x <= 0, plus x = -inf -> 0 and x = NaN -> NaN.
+// x = n ln2 + r with n = round(x / ln2), |r| <= ln2/2; e^r = 1 + r P(r), P of degree 4 fitted
+// (Remez, relative error) on that interval: 4.4e-7 with float coefficients, 5.2e-7 measured
+// in float arithmetic by the flash_attention/exp_nonpositive test over [-87.3, 0]; one Horner
+// step and all special-case logic short of a 1-ulp exp. Below -87.34 the result is 0
+// (e^-87.34 = 2^-126 is the smallest normal float: no subnormal is ever formed), an absolute
+// error under 1.2e-38. hn::Exp would return 0 for NaN and silently drop a NaN score from its
+// row; here r is NaN, so is P, and the scaling multiply keeps it.
+HWY_INLINE VF ExpNonPositive(DF d, VF x) {
+  const DI di;
+  // Adding 1.5 * 2^23 rounds x/ln2 to an integer (a float that large has no fraction bits) and
+  // leaves n in the low mantissa bits of t.
+  const VF shifter = hn::Set(d, 0x1.8p23f);
+  const VF t = hn::MulAdd(x, hn::Set(d, 0x1.715476p+0f), shifter);
+  const VF n = hn::Sub(t, shifter);
+  // Cody-Waite: ln2_hi has 17 significant bits, so n * ln2_hi is exact for |n| <= 127.
+  VF r = hn::NegMulAdd(n, hn::Set(d, 0x1.62e4p-1f), x);
+  r = hn::NegMulAdd(n, hn::Set(d, 0x1.7f7d1cp-20f), r);
+  VF p = hn::Set(d, 0x1.c7b170p-8f);
+  p = hn::MulAdd(p, r, hn::Set(d, 0x1.570ad0p-5f));
+  p = hn::MulAdd(p, r, hn::Set(d, 0x1.55c360p-3f));
+  p = hn::MulAdd(p, r, hn::Set(d, 0x1.fffe5cp-2f));
+  p = hn::MulAdd(p, r, hn::Set(d, 0x1.ffff2ep-1f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
+  // 2^n: exponent field n + 127 (>= 1 for x >= -87.34). t's own bits 0x4B400000 shift out of
+  // the 32-bit lane. A float multiply, not an integer add into p's exponent, keeps NaN a NaN.
+  const VF pow2n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127))));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.33654f)), hn::Mul(p, pow2n));
+}
+
+// One row block's view of the scratch for one key block.
+struct BlockCtx {
+  const FlashAttentionTile* t;
+  const float* qt;  // this block's [d][rb]
+  float* scores;    // [key][rb]
+  float* o;         // this block's first O row
+  float* m;         // this block's rows
+  float* l;
+  float* alpha;
+  const float* kpack;  // [key][head_dim]
+  const float* vpack;  // [key][dv_pad]
+  int64_t r0;          // first row of the block in the tile
+  size_t nr;           // valid rows (<= rb)
+  size_t rb;           // lane stride of qt and scores: kRowVecs N
+  size_t dv_pad;
+};
+
+// Scores of keys j0 .. j0 + kScoreKeys - 1 of the key block starting at s0 (those with j < nk
+// stored) for the RV row vectors of the block. Adds the mask already transposed into `scores`,
+// applies the causal cut, and folds the result into the running block max bm[].
+template <size_t RV>
+HWY_INLINE void ScoreGroup(DF d, const BlockCtx& c, int64_t s0, size_t j0, size_t nk, bool masked,
+                           bool causal_cut, VF* bm) {
+  const FlashAttentionTile& t = *c.t;
+  const size_t N = hn::Lanes(d);
+  const size_t D = static_cast<size_t>(t.head_dim);
+  // Keys past nk are clamped to the last one (valid memory) and never stored.
+  const float* HWY_RESTRICT krow[kScoreKeys];
+  for (size_t jj = 0; jj < kScoreKeys; ++jj) krow[jj] = c.kpack + std::min(j0 + jj, nk - 1) * D;
+  VF acc[RV][kScoreKeys];
+  for (size_t rv = 0; rv < RV; ++rv)
+    for (size_t jj = 0; jj < kScoreKeys; ++jj) acc[rv][jj] = hn::Zero(d);
+  const float* HWY_RESTRICT qt = c.qt;
+  for (size_t dd = 0; dd < D; ++dd) {
+    VF q[RV];
+    for (size_t rv = 0; rv < RV; ++rv) q[rv] = hn::Load(d, qt + dd * c.rb + rv * N);
+    for (size_t jj = 0; jj < kScoreKeys; ++jj) {
+      const VF kb = hn::Set(d, krow[jj][dd]);
+      for (size_t rv = 0; rv < RV; ++rv) acc[rv][jj] = hn::MulAdd(q[rv], kb, acc[rv][jj]);
+    }
+  }
+  const VF neg_inf = hn::Set(d, kNegInf);
+  const VF lane = hn::Iota(d, 0.0f);
+  for (size_t jj = 0; jj < kScoreKeys && j0 + jj < nk; ++jj) {
+    const size_t j = j0 + jj;
+    float* HWY_RESTRICT row = c.scores + j * c.rb;
+    for (size_t rv = 0; rv < RV; ++rv) {
+      VF v = acc[rv][jj];
+      if (masked) v = hn::Add(v, hn::Load(d, row + rv * N));
+      if (causal_cut) {
+        // Lane i is row r0 + rv N + i, which sees key s iff s <= q_pos0 + row, i.e. from lane
+        // s - q_pos0 - r0 - rv N on; clamped to [-1, N] so the float compare is exact.
+        const int64_t first =
+            s0 + static_cast<int64_t>(j) - t.q_pos0 - c.r0 - static_cast<int64_t>(rv * N);
+        const float thr =
+            static_cast<float>(std::clamp<int64_t>(first, -1, static_cast<int64_t>(N)));
+        v = hn::IfThenElse(hn::Lt(lane, hn::Set(d, thr)), neg_inf, v);
+      }
+      hn::Store(v, d, row + rv * N);
+      bm[rv] = hn::Max(bm[rv], v);
+    }
+  }
+}
+
+// O[r .. r+kPvRows-1][c0 N .. (c0+NV) N) = alpha O + P[:, rows]^T V[:, columns] over the nk
+// keys of the block (alpha only when `rescale`).
+template <size_t NV>
+HWY_INLINE void PvTile(DF d, const BlockCtx& c, size_t r, size_t c0, size_t nk, bool rescale) {
+  const size_t N = hn::Lanes(d);
+  float* HWY_RESTRICT o = c.o + r * c.dv_pad + c0 * N;
+  VF acc[kPvRows][NV];
+  for (size_t i = 0; i < kPvRows; ++i) {
+    const VF a = hn::Set(d, c.alpha[r + i]);
+    for (size_t v = 0; v < NV; ++v) {
+      acc[i][v] = hn::Load(d, o + i * c.dv_pad + v * N);
+      if (rescale) acc[i][v] = hn::Mul(acc[i][v], a);
+    }
+  }
+  const float* HWY_RESTRICT p = c.scores + r;
+  const float* HWY_RESTRICT vrow = c.vpack + c0 * N;
+  for (size_t j = 0; j < nk; ++j, p += c.rb, vrow += c.dv_pad) {
+    VF vv[NV];
+    for (size_t v = 0; v < NV; ++v) vv[v] = hn::Load(d, vrow + v * N);
+    for (size_t i = 0; i < kPvRows; ++i) {
+      const VF pb = hn::Set(d, p[i]);
+      for (size_t v = 0; v < NV; ++v) acc[i][v] = hn::MulAdd(pb, vv[v], acc[i][v]);
+    }
+  }
+  for (size_t i = 0; i < kPvRows; ++i)
+    for (size_t v = 0; v < NV; ++v) hn::Store(acc[i][v], d, o + i * c.dv_pad + v * N);
+}
+
+// Transposes mask[r0 + row][s0 + j] into scores[j][row]. Rows past nr get -inf (ignored by the
+// all-masked test). Returns false when every entry is -inf: the block adds nothing to these
+// rows and is skipped.
+template <size_t RV>
+HWY_INLINE bool FillMask(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
+  const FlashAttentionTile& t = *c.t;
+  const size_t N = hn::Lanes(d);
+  const DI di;
+  const VF neg_inf = hn::Set(d, kNegInf);
+  const float* base = t.mask + c.r0 * t.mask_stride + s0;
+  auto visible = hn::Lt(neg_inf, neg_inf);  // all false
+  // The gather takes 32-bit lane offsets: row * mask_stride must fit for rows < 32.
+  const bool gather = t.mask_stride != 0 && t.mask_stride <= (int64_t{1} << 31) / 32;
+  for (size_t rv = 0; rv < RV; ++rv) {
+    const size_t first = rv * N;
+    const auto valid = hn::FirstN(d, c.nr > first ? c.nr - first : 0);
+    // Offsets of this vector's rows; invalid lanes read row r0 (valid memory).
+    auto rows = hn::Add(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(first)));
+    rows = hn::IfThenElseZero(hn::RebindMask(di, valid), rows);
+    const auto offs = hn::Mul(rows, hn::Set(di, static_cast<int32_t>(gather ? t.mask_stride : 0)));
+    for (size_t j = 0; j < nk; ++j) {
+      VF v;
+      if (t.mask_stride == 0) {
+        v = hn::Set(d, base[j]);
+      } else if (gather) {
+        v = hn::GatherIndex(d, base + j, offs);
+      } else {
+        HWY_ALIGN float buf[hn::MaxLanes(DF())];
+        for (size_t i = 0; i < N; ++i) {
+          buf[i] = first + i < c.nr ? base[static_cast<int64_t>(first + i) * t.mask_stride + j]
+                                    : kNegInf;
+        }
+        v = hn::Load(d, buf);
+      }
+      v = hn::IfThenElse(valid, v, neg_inf);
+      visible = hn::Or(visible, hn::Ne(v, neg_inf));
+      hn::Store(v, d, c.scores + j * c.rb + first);
+    }
+  }
+  return !hn::AllFalse(d, visible);
+}
+
+// Scores, online softmax and P.V of one row block against one (packed) key block of nk keys.
+template <size_t RV>
+void RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
+  const FlashAttentionTile& t = *c.t;
+  const size_t N = hn::Lanes(d);
+  const bool masked = t.mask != nullptr;
+  if (masked && !FillMask<RV>(d, c, s0, nk)) return;
+  // Row r0 (the block's first) sees keys s <= q_pos0 + r0; a block ending there needs no cut.
+  const bool causal_cut = t.causal && s0 + static_cast<int64_t>(nk) - 1 > t.q_pos0 + c.r0;
+
+  VF bm[RV];
+  for (size_t rv = 0; rv < RV; ++rv) bm[rv] = hn::Set(d, kNegInf);
+  for (size_t j0 = 0; j0 < nk; j0 += kScoreKeys)
+    ScoreGroup<RV>(d, c, s0, j0, nk, masked, causal_cut, bm);
+
+  // m_use replaces a max of -inf (every score so far -inf) by 0, so that -inf - m_use = -inf
+  // and the exp gives 0 instead of the NaN of -inf - -inf. A NaN score reaches l through its
+  // exp; a NaN m reaches alpha, hence O and l. (x86 max drops a NaN first operand, so m itself
+  // need not stay NaN.)
+  bool rescale = false;
+  for (size_t rv = 0; rv < RV; ++rv) {
+    const VF m_old = hn::Load(d, c.m + rv * N);
+    const VF m_new = hn::Max(m_old, bm[rv]);
+    const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(d, kNegInf)), m_new);
+    const VF alpha = ExpNonPositive(d, hn::Sub(m_old, m_use));
+    rescale |= !hn::AllTrue(d, hn::Eq(alpha, hn::Set(d, 1.0f)));
+    hn::Store(m_new, d, c.m + rv * N);
+    hn::Store(alpha, d, c.alpha + rv * N);
+    // Two sums: two independent add chains next to the exps.
+    VF sum0 = hn::Zero(d), sum1 = hn::Zero(d);
+    float* HWY_RESTRICT p = c.scores + rv * N;
+    size_t j = 0;
+    for (; j + 2 <= nk; j += 2) {
+      const VF e0 = ExpNonPositive(d, hn::Sub(hn::Load(d, p + j * c.rb), m_use));
+      const VF e1 = ExpNonPositive(d, hn::Sub(hn::Load(d, p + (j + 1) * c.rb), m_use));
+      hn::Store(e0, d, p + j * c.rb);
+      hn::Store(e1, d, p + (j + 1) * c.rb);
+      sum0 = hn::Add(sum0, e0);
+      sum1 = hn::Add(sum1, e1);
+    }
+    if (j < nk) {
+      const VF e = ExpNonPositive(d, hn::Sub(hn::Load(d, p + j * c.rb), m_use));
+      hn::Store(e, d, p + j * c.rb);
+      sum0 = hn::Add(sum0, e);
+    }
+    const VF l = hn::Load(d, c.l + rv * N);
+    hn::Store(hn::MulAdd(l, alpha, hn::Add(sum0, sum1)), d, c.l + rv * N);
+  }
+
+  // Rows past nr (up to the tile height) hold finite garbage that is never stored.
+  const size_t pv_rows = (c.nr + kPvRows - 1) / kPvRows * kPvRows;
+  const size_t dv_vecs = c.dv_pad / N;
+  for (size_t r = 0; r < pv_rows; r += kPvRows) {
+    size_t c0 = 0;
+    for (; c0 + kPvVecs <= dv_vecs; c0 += kPvVecs) PvTile<kPvVecs>(d, c, r, c0, nk, rescale);
+    switch (dv_vecs - c0) {
+      case 0:
+        break;
+      case 1:
+        PvTile<1>(d, c, r, c0, nk, rescale);
+        break;
+      case 2:
+        if constexpr (kPvVecs > 2) PvTile<2>(d, c, r, c0, nk, rescale);
+        break;
+      default:
+        if constexpr (kPvVecs > 3) PvTile<3>(d, c, r, c0, nk, rescale);
+        break;
+    }
+  }
+}
+
+// Copies keys s0 .. s0+nk-1 into kpack [key][head_dim] and vpack [key][dv_pad] (zero padded),
+// and prefetches the next block's rows so that copy finds them in cache. What this costs is the
+// first touch of the strided rows (L3, TLB), not the copy: inline vectors and 64 memcpy calls
+// per block measured the same.
+void PackKeyBlock(DF d, const FlashAttentionTile& t, float* HWY_RESTRICT kpack,
+                  float* HWY_RESTRICT vpack, size_t dv_pad, int64_t s0, size_t nk,
+                  int64_t next_end) {
+  const size_t N = hn::Lanes(d);
+  const size_t D = static_cast<size_t>(t.head_dim);
+  const size_t Dv = static_cast<size_t>(t.v_head_dim);
+  for (size_t j = 0; j < nk; ++j) {
+    const int64_t s = s0 + static_cast<int64_t>(j);
+    const float* HWY_RESTRICT k = t.k + s * t.k_stride;
+    float* HWY_RESTRICT kd = kpack + j * D;
+    size_t i = 0;
+    for (; i + N <= D; i += N) hn::StoreU(hn::LoadU(d, k + i), d, kd + i);
+    for (; i < D; ++i) kd[i] = k[i];
+    const float* HWY_RESTRICT v = t.v + s * t.v_stride;
+    float* HWY_RESTRICT vd = vpack + j * dv_pad;
+    i = 0;
+    for (; i + N <= Dv; i += N) hn::Store(hn::LoadU(d, v + i), d, vd + i);
+    for (; i < Dv; ++i) vd[i] = v[i];
+    for (; i < dv_pad; ++i) vd[i] = 0.0f;
+  }
+  for (int64_t s = s0 + static_cast<int64_t>(nk); s < next_end; ++s) {
+    const float* k = t.k + s * t.k_stride;
+    const float* v = t.v + s * t.v_stride;
+    for (size_t i = 0; i < D; i += 16) hwy::Prefetch(k + i);
+    for (size_t i = 0; i < Dv; i += 16) hwy::Prefetch(v + i);
+  }
+}
+
+// Rows p0 .. p0+np-1 of the tile (np <= layout panel_rows).
+void Panel(const FlashAttentionTile& t, const Layout& lay, int64_t p0, int64_t np) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const size_t rb = kRowVecs * N;
+  const size_t D = static_cast<size_t>(t.head_dim);
+  const size_t Dv = static_cast<size_t>(t.v_head_dim);
+  const size_t dv_pad = (Dv + N - 1) / N * N;
+  const size_t nrb = (static_cast<size_t>(np) + rb - 1) / rb;
+  float* qt = t.scratch + lay.qt;
+  float* o = t.scratch + lay.o;
+  float* m = t.scratch + lay.m;
+  float* l = t.scratch + lay.l;
+
+  // Scaled queries, transposed per row block; rows past np are zero (finite scores, never
+  // stored). The scale rounds once into q: (scale q) . k, not scale (q . k).
+  for (size_t b = 0; b < nrb; ++b) {
+    float* HWY_RESTRICT block = qt + b * D * rb;
+    for (size_t i = 0; i < rb; ++i) {
+      const int64_t r = static_cast<int64_t>(b * rb + i);
+      if (r < np) {
+        const float* HWY_RESTRICT q = t.q + (p0 + r) * t.q_stride;
+        for (size_t dd = 0; dd < D; ++dd) block[dd * rb + i] = t.scale * q[dd];
+      } else {
+        for (size_t dd = 0; dd < D; ++dd) block[dd * rb + i] = 0.0f;
+      }
+    }
+  }
+  for (size_t i = 0; i < nrb * rb; i += N) {
+    hn::Store(hn::Set(d, kNegInf), d, m + i);
+    hn::Store(hn::Zero(d), d, l + i);
+  }
+  std::memset(o, 0, nrb * rb * dv_pad * sizeof(float));
+
+  // Keys row p0 + r sees: all kv_len, or with causal s <= q_pos0 + p0 + r.
+  const auto row_limit = [&t](int64_t row) {
+    return t.causal ? std::min(t.kv_len, t.q_pos0 + row + 1) : t.kv_len;
+  };
+  const int64_t panel_limit = row_limit(p0 + np - 1);
+
+  BlockCtx c;
+  c.t = &t;
+  c.scores = t.scratch + lay.scores;
+  c.alpha = t.scratch + lay.alpha;
+  c.kpack = t.scratch + lay.kpack;
+  c.vpack = t.scratch + lay.vpack;
+  c.rb = rb;
+  c.dv_pad = dv_pad;
+  for (int64_t s0 = 0; s0 < panel_limit; s0 += kKeyBlock) {
+    const size_t nk = static_cast<size_t>(std::min<int64_t>(kKeyBlock, panel_limit - s0));
+    const int64_t next_end = std::min<int64_t>(s0 + 2 * kKeyBlock, panel_limit);
+    PackKeyBlock(d, t, t.scratch + lay.kpack, t.scratch + lay.vpack, dv_pad, s0, nk, next_end);
+    for (size_t b = 0; b < nrb; ++b) {
+      c.r0 = p0 + static_cast<int64_t>(b * rb);
+      c.nr = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(rb), p0 + np - c.r0));
+      // Causal: key blocks wholly above this row block's diagonal are skipped.
+      const int64_t limit = row_limit(c.r0 + static_cast<int64_t>(c.nr) - 1);
+      if (limit <= s0) continue;
+      const size_t nk_b = static_cast<size_t>(std::min<int64_t>(nk, limit - s0));
+      c.qt = qt + b * D * rb;
+      c.o = o + b * rb * dv_pad;
+      c.m = m + b * rb;
+      c.l = l + b * rb;
+      // A short last block works on as many row vectors as it has rows for.
+      switch ((c.nr + N - 1) / N) {
+        case 1:
+          RowBlockStep<1>(d, c, s0, nk_b);
+          break;
+        case 2:
+          if constexpr (kRowVecs >= 2) RowBlockStep<2>(d, c, s0, nk_b);
+          break;
+        case 3:
+          if constexpr (kRowVecs >= 3) RowBlockStep<3>(d, c, s0, nk_b);
+          break;
+        default:
+          if constexpr (kRowVecs >= 4) RowBlockStep<4>(d, c, s0, nk_b);
+          break;
+      }
+    }
+  }
+
+  // out = O / l. l == 0 exactly when no key was visible (every weight an exact 0): zeros. A NaN
+  // l gives a NaN row.
+  for (int64_t r = 0; r < np; ++r) {
+    float* HWY_RESTRICT out = t.out + (p0 + r) * t.out_stride;
+    const float lr = l[r];
+    if (lr == 0.0f) {
+      std::memset(out, 0, Dv * sizeof(float));
+      continue;
+    }
+    const float inv = 1.0f / lr;
+    const VF vinv = hn::Set(d, inv);
+    const float* HWY_RESTRICT orow = o + static_cast<size_t>(r) * dv_pad;
+    size_t i = 0;
+    for (; i + N <= Dv; i += N) hn::StoreU(hn::Mul(hn::Load(d, orow + i), vinv), d, out + i);
+    for (; i < Dv; ++i) out[i] = orow[i] * inv;
+  }
+}
+
+}  // namespace
+
+void FlashAttentionF32(const FlashAttentionTile& t) {
+  if (t.rows <= 0) return;
+  const Layout lay = cpu::flash_detail::MakeLayout(t.rows, t.head_dim, t.v_head_dim);
+  for (int64_t p0 = 0; p0 < t.rows; p0 += lay.panel_rows)
+    Panel(t, lay, p0, std::min(lay.panel_rows, t.rows - p0));
+}
+
+// y[i] = ExpNonPositive(x[i]), for the accuracy test of the exp itself.
+void ExpNonPositiveF32(int64_t n, const float* x, float* y) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + N <= static_cast<size_t>(n); i += N)
+    hn::StoreU(ExpNonPositive(d, hn::LoadU(d, x + i)), d, y + i);
+  if (i < static_cast<size_t>(n)) {
+    HWY_ALIGN float buf[hn::MaxLanes(DF())] = {};
+    const size_t rest = static_cast<size_t>(n) - i;
+    std::memcpy(buf, x + i, rest * sizeof(float));
+    hn::Store(ExpNonPositive(d, hn::Load(d, buf)), d, buf);
+    std::memcpy(y + i, buf, rest * sizeof(float));
+  }
+}
+
+}  // namespace tessera::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tessera {
+HWY_EXPORT(FlashAttentionF32);
+HWY_EXPORT(ExpNonPositiveF32);
+
+namespace cpu {
+
+void flash_attention_f32_dispatch(const FlashAttentionTile& tile) {
+  HWY_DYNAMIC_DISPATCH(FlashAttentionF32)(tile);
+}
+
+int64_t flash_attention_scratch_floats_cpu(int64_t rows, int64_t head_dim, int64_t v_head_dim) {
+  return flash_detail::MakeLayout(rows, head_dim, v_head_dim).total;
+}
+
+void exp_nonpositive_f32(int64_t n, const float* x, float* y) {
+  HWY_DYNAMIC_DISPATCH(ExpNonPositiveF32)(n, x, y);
+}
+
+}  // namespace cpu
+}  // namespace tessera
+#endif  // HWY_ONCE

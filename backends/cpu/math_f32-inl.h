@@ -1,0 +1,71 @@
+// Per-target helpers shared by the Highway kernel files: an exp with the NaN and underflow
+// behaviour softmax needs, and bounded tail loads/stores. Included once per SIMD target from a
+// file that has already included <hwy/highway.h> under foreach_target.h, hence Highway's
+// toggling include guard instead of #pragma once.
+#if defined(TESSERA_BACKENDS_CPU_MATH_F32_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef TESSERA_BACKENDS_CPU_MATH_F32_INL_H_
+#undef TESSERA_BACKENDS_CPU_MATH_F32_INL_H_
+#else
+#define TESSERA_BACKENDS_CPU_MATH_F32_INL_H_
+#endif
+
+#include <hwy/highway.h>
+#include <stddef.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace tessera::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// e^x for x <= 88 (e^88 = 1.65e38 is the largest power below FLT_MAX = 3.4e38 with margin).
+// Relative error about 1 ulp (Cephes expf polynomial). Differs from hn::Exp in two ways that
+// softmax relies on: NaN in gives NaN out (hn::Exp returns 0, which would silently drop a NaN
+// logit from its row), and x < -87 gives exactly 0 (so -inf gives 0, and no subnormal is
+// formed: e^-87 = 1.6e-38 is just above FLT_MIN = 1.18e-38).
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE V ExpF32(D d, V x) {
+  const hn::RebindToSigned<D> di;
+  // Adding 1.5 * 2^23 rounds x/ln2 to the nearest integer n (the float add has no fraction
+  // bits left at that magnitude) and leaves n in the low mantissa bits of t.
+  const V kShifter = hn::Set(d, 12582912.0f);
+  const V t = hn::MulAdd(x, hn::Set(d, 1.44269504088896341f), kShifter);
+  const V n = hn::Sub(t, kShifter);
+  // r = x - n ln2 with ln2 split in two (Cody-Waite): n * 0.693145751953125 is exact for
+  // |n| < 2^11, so |r| <= ln2/2 carries no cancellation error.
+  V r = hn::NegMulAdd(n, hn::Set(d, 0.693145751953125f), x);
+  r = hn::NegMulAdd(n, hn::Set(d, 1.428606765330187045e-6f), r);
+  // e^r = 1 + r + r^2 P(r) on |r| <= ln2/2 (Cephes expf minimax coefficients).
+  V p = hn::Set(d, 1.9875691500e-4f);
+  p = hn::MulAdd(p, r, hn::Set(d, 1.3981999507e-3f));
+  p = hn::MulAdd(p, r, hn::Set(d, 8.3334519073e-3f));
+  p = hn::MulAdd(p, r, hn::Set(d, 4.1665795894e-2f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.6666665459e-1f));
+  p = hn::MulAdd(p, r, hn::Set(d, 5.0000001201e-1f));
+  p = hn::Add(hn::MulAdd(p, hn::Mul(r, r), r), hn::Set(d, 1.0f));
+  // 2^n as a float: exponent field (n + 127) << 23. The shifter's own bits (0x4B400000) sit at
+  // bit 22 and above and leave the 32-bit lane in the shift. n is in [-126, 127] for
+  // x in [-87, 88], so the field is never 0 or 255. Scaling by a float multiply (not an integer
+  // add to p's exponent) keeps a NaN p a NaN.
+  const V pow2n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127))));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.0f)), hn::Mul(p, pow2n));
+}
+
+// Highway 1.0.3 has no LoadN/StoreN, and its MaskedLoad on SSE4/EMU128 loads the whole vector,
+// so row tails (count < Lanes(d)) go through a stack copy: no read or write past the row.
+template <class D>
+HWY_INLINE hn::Vec<D> LoadTail(D d, const hn::TFromD<D>* p, size_t count, hn::TFromD<D> pad) {
+  HWY_ALIGN hn::TFromD<D> buf[hn::MaxLanes(D())];
+  for (size_t i = 0; i < hn::MaxLanes(D()); ++i) buf[i] = i < count ? p[i] : pad;
+  return hn::Load(d, buf);
+}
+
+template <class D>
+HWY_INLINE void StoreTail(D d, hn::Vec<D> v, hn::TFromD<D>* p, size_t count) {
+  HWY_ALIGN hn::TFromD<D> buf[hn::MaxLanes(D())];
+  hn::Store(v, d, buf);
+  for (size_t i = 0; i < count; ++i) p[i] = buf[i];
+}
+
+}  // namespace tessera::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // TESSERA_BACKENDS_CPU_MATH_F32_INL_H_

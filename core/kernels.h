@@ -1,0 +1,93 @@
+// The kernel table a Device exposes. Layers call kernels only through this table, so a second
+// backend is a second table, not a change to the layers.
+//
+// Contract for every kernel: plain pointers, sizes and strides in elements, row-major; no
+// allocation, no exceptions, no threads of their own (layers split work and call kernels from
+// worker threads). Arguments are validated by the layer before the call.
+#pragma once
+
+#include <cstdint>
+
+namespace tessera {
+
+// One query tile of one (batch, head) for the fused attention kernel: rows of q at positions
+// q_pos0 .. q_pos0+rows-1 against all kv_len keys, online softmax, never materialising
+// [rows, kv_len]. Row r of q/out/mask is at ptr + r*stride; key/value s at ptr + s*stride.
+struct FlashAttentionTile {
+  int64_t rows = 0;
+  int64_t q_pos0 = 0;     // for causal: row r sees keys s <= q_pos0 + r
+  int64_t kv_len = 0;     // S (0: every row gets zeros)
+  int64_t head_dim = 0;   // q/k width
+  int64_t v_head_dim = 0;
+  float scale = 1.0f;     // multiplies q.k before the mask is added
+  const float* q = nullptr;
+  int64_t q_stride = 0;
+  const float* k = nullptr;
+  int64_t k_stride = 0;
+  const float* v = nullptr;
+  int64_t v_stride = 0;
+  const float* mask = nullptr;  // additive [rows, kv_len], columns contiguous; may be null
+  int64_t mask_stride = 0;      // may be 0 (one row for all)
+  bool causal = false;
+  float* out = nullptr;         // [rows, v_head_dim]
+  int64_t out_stride = 0;
+  float* scratch = nullptr;     // flash_attention_scratch_floats(...) floats, 64-byte aligned
+};
+
+struct KernelTable {
+  // C[m, n] = alpha * op(A) * op(B) + beta * C, op(X) = X or X^T (trans_*), row-major.
+  // op(A) is [m, k], op(B) is [k, n]; lda/ldb/ldc are row strides of the stored matrices.
+  void (*gemm_f32)(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                   int64_t ldc);
+  // `batch` independent GEMMs; matrix i starts at a + i*stride_a (likewise b, c).
+  void (*gemm_batched_f32)(int64_t batch, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                           int64_t k, float alpha, const float* a, int64_t lda, int64_t stride_a,
+                           const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
+                           int64_t ldc, int64_t stride_c);
+
+  // y[r, j] = softmax_j(scale * x[r, j] + mask[r, j]) for r < rows, j < cols.
+  // mask may be null; its row stride may be 0 (one mask row for all rows); columns contiguous.
+  // -inf entries get weight exactly 0; a row whose entries are all -inf becomes all zeros
+  // (never NaN); a NaN entry makes its row NaN. x and y may alias (same strides).
+  void (*softmax_rows_f32)(int64_t rows, int64_t cols, const float* x, int64_t x_stride,
+                           float scale, const float* mask, int64_t mask_stride, float* y,
+                           int64_t y_stride);
+
+  // Rotary embedding, rotate-half convention, in place. For t < positions and h < heads the
+  // head vector v = x + t*row_stride + h*head_dim (head_dim even, half = head_dim/2) becomes
+  //   v[i]        = v[i] * cos[t*half + i] - v[i + half] * sin[t*half + i]
+  //   v[i + half] = v[i + half] * cos[t*half + i] + v[i] * sin[t*half + i]   (i < half)
+  // cos/sin are [positions, half] tables built by the caller.
+  void (*rope_rotate_half_f32)(int64_t positions, int64_t heads, int64_t head_dim, float* x,
+                               int64_t row_stride, const float* cos, const float* sin);
+
+  // Contiguous conversions of n elements (round to nearest even; NaN stays NaN).
+  void (*convert_f16_to_f32)(int64_t n, const uint16_t* in, float* out);
+  void (*convert_f32_to_f16)(int64_t n, const float* in, uint16_t* out);
+  void (*convert_bf16_to_f32)(int64_t n, const uint16_t* in, float* out);
+  void (*convert_f32_to_bf16)(int64_t n, const float* in, uint16_t* out);
+
+  // x[r, j] += bias[j] for r < rows, j < cols (in place).
+  void (*add_bias_rows_f32)(int64_t rows, int64_t cols, float* x, int64_t x_stride,
+                            const float* bias);
+  // y[i] = a[i] + b[i] (y may alias a or b).
+  void (*add_f32)(int64_t n, const float* a, const float* b, float* y);
+  // y[i] = gelu(x[i]); exact erf form, or the tanh approximation when tanh_approx.
+  void (*gelu_f32)(int64_t n, const float* x, float* y, bool tanh_approx);
+  // y[r, :] = (x[r, :] - mean) / sqrt(var + eps) * gamma + beta (biased variance, as PyTorch);
+  // gamma/beta may be null (no affine). x and y may alias.
+  void (*layer_norm_rows_f32)(int64_t rows, int64_t cols, const float* x, int64_t x_stride,
+                              float* y, int64_t y_stride, const float* gamma, const float* beta,
+                              float eps);
+
+  // Fused attention for one tile (see FlashAttentionTile). Rows whose keys are all masked get
+  // zeros (never NaN); a NaN score makes its row NaN. Null when the backend has none; the core
+  // then takes the materialising path.
+  void (*flash_attention_f32)(const FlashAttentionTile& tile) = nullptr;
+  // Scratch the kernel needs for a tile of `rows` queries, in floats.
+  int64_t (*flash_attention_scratch_floats)(int64_t rows, int64_t head_dim,
+                                            int64_t v_head_dim) = nullptr;
+};
+
+}  // namespace tessera

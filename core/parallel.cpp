@@ -1,0 +1,63 @@
+#include "core/parallel.h"
+
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/info.h>
+#include <oneapi/tbb/parallel_for.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+namespace tessera {
+
+namespace {
+std::mutex g_mutex;
+std::unique_ptr<oneapi::tbb::global_control> g_control;
+std::atomic<int> g_threads{0};  // 0: not set yet -> all cores
+}  // namespace
+
+int hardware_threads() { return std::max(1, oneapi::tbb::info::default_concurrency()); }
+
+void set_num_threads(int n) {
+  const int threads = n <= 0 ? hardware_threads() : n;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  // global_control caps every arena in the process, including the implicit one our
+  // parallel_for runs in, so one setting governs all tessera work.
+  g_control = std::make_unique<oneapi::tbb::global_control>(
+      oneapi::tbb::global_control::max_allowed_parallelism, static_cast<size_t>(threads));
+  g_threads.store(threads);
+}
+
+int num_threads() {
+  const int n = g_threads.load();
+  return n > 0 ? n : hardware_threads();
+}
+
+void parallel_for(int64_t begin, int64_t end, int64_t grain,
+                  const std::function<void(int64_t, int64_t)>& fn) {
+  if (end <= begin) return;
+  grain = std::max<int64_t>(grain, 1);
+  const int threads = num_threads();
+  if (threads == 1 || end - begin <= grain) {
+    fn(begin, end);
+    return;
+  }
+  // Chunks: at least `grain`, and no more than 4 per thread, enough for the scheduler to
+  // balance uneven rows (causal attention) without paying per-chunk overhead on tiny rows.
+  const int64_t n = end - begin;
+  const int64_t max_chunks = static_cast<int64_t>(threads) * 4;
+  const int64_t chunk = std::max(grain, (n + max_chunks - 1) / max_chunks);
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  oneapi::tbb::parallel_for(
+      oneapi::tbb::blocked_range<int64_t>(0, chunks, 1),
+      [&](const oneapi::tbb::blocked_range<int64_t>& r) {
+        for (int64_t c = r.begin(); c < r.end(); ++c) {
+          const int64_t b = begin + c * chunk;
+          fn(b, std::min(end, b + chunk));
+        }
+      },
+      oneapi::tbb::simple_partitioner());
+}
+
+}  // namespace tessera

@@ -1,0 +1,301 @@
+#include "io/network_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include "core/error.h"
+
+namespace tessera {
+
+using ojson = nlohmann::ordered_json;
+
+bool Dim::is_symbol() const { return !is_fixed() && is_symbol_name(text); }
+
+std::string sym_shape_to_string(const SymShape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + shape[i].str();
+  return s + "]";
+}
+
+bool is_symbol_name(const std::string& name) {
+  if (name.empty()) return false;
+  for (size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool alpha = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_';
+    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
+  }
+  return true;
+}
+
+namespace {
+
+// JSON type names as a user reads them in an error message.
+const char* json_type(const ojson& j) {
+  if (j.is_number_integer()) return "an integer";
+  if (j.is_number_float()) return "a number";
+  return j.type_name();  // "string", "boolean", "array", "object", "null"
+}
+
+// "x", "n0.weights": names of inputs and nodes become sources and PyTorch attribute names, so
+// they carry no '.' (which separates a node from its port) and are not empty.
+void check_name(const std::string& name, const std::string& what, const std::string& where) {
+  if (name.empty()) fail(ErrorCode::Arg, where, what + " name is empty");
+  if (name.find('.') != std::string::npos)
+    fail(ErrorCode::Arg, where,
+         what + " name '" + name + "' contains '.' (reserved for node.port)");
+}
+
+SymShape parse_shape(const ojson& j, const std::string& input, const std::string& where) {
+  if (!j.is_array())
+    fail(ErrorCode::Arg, where, "input " + input + ": shape must be an array, got " + json_type(j));
+  SymShape shape;
+  for (const ojson& d : j) {
+    if (d.is_number_unsigned()) {
+      const auto v = d.get<uint64_t>();
+      if (v > static_cast<uint64_t>(INT64_MAX))
+        fail(ErrorCode::Shape, where,
+             "input " + input + ": dimension " + std::to_string(v) + " does not fit int64");
+      shape.push_back(Dim::fixed(static_cast<int64_t>(v)));
+    } else if (d.is_number_integer()) {
+      fail(ErrorCode::Shape, where,
+           "input " + input + ": dimension " + std::to_string(d.get<int64_t>()) + " is negative");
+    } else if (d.is_string()) {
+      const std::string sym = d.get<std::string>();
+      if (!is_symbol_name(sym))
+        fail(ErrorCode::Arg, where,
+             "input " + input + ": open dimension '" + sym +
+                 "' is not a symbol name (letters, digits, '_'; not starting with a digit)");
+      shape.push_back(Dim::open(sym));
+    } else {
+      fail(ErrorCode::Arg, where,
+           "input " + input + ": a dimension must be an integer or a symbol string, got " +
+               json_type(d));
+    }
+  }
+  return shape;
+}
+
+DType parse_dtype_value(const ojson& j, const std::string& what, const std::string& where) {
+  if (!j.is_string()) fail(ErrorCode::Arg, where, what + " must be a string, got " + json_type(j));
+  const auto t = parse_dtype(j.get<std::string>());
+  if (!t)
+    fail(ErrorCode::DType, where,
+         what + " '" + j.get<std::string>() +
+             "' is not a dtype (float32, float16, bfloat16, float64, bool, ...)");
+  return *t;
+}
+
+std::string read_text_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(ErrorCode::IO, path, std::string("cannot open: ") + std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail(ErrorCode::IO, path, std::string("cannot stat: ") + std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(ErrorCode::IO, path,
+         S_ISDIR(st.st_mode) ? "is a directory, not a network file" : "is not a regular file");
+  }
+  std::string text;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      fail(ErrorCode::IO, path, std::string("cannot read: ") + std::strerror(err));
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return text;
+}
+
+}  // namespace
+
+NetworkSpec parse_network(const std::string& json_text, const std::string& origin) {
+  ojson j;
+  try {
+    j = ojson::parse(json_text);
+  } catch (const nlohmann::json::parse_error& e) {
+    // e.what() is "[json.exception.parse_error.101] parse error at line 3, column 7: ...";
+    // the bracketed id means nothing to a user.
+    std::string what = e.what();
+    const size_t close = what.find("] ");
+    if (what.rfind("[json.exception", 0) == 0 && close != std::string::npos)
+      what = what.substr(close + 2);
+    fail(ErrorCode::Format, origin, "not valid JSON: " + what);
+  }
+  return parse_network(j, origin);
+}
+
+NetworkSpec parse_network(const ojson& j, const std::string& origin) {
+  const std::string& where = origin;
+  if (!j.is_object())
+    fail(ErrorCode::Arg, where,
+         std::string("the network must be a JSON object, got ") + json_type(j));
+  for (const auto& [key, value] : j.items()) {
+    (void)value;
+    if (key != "dtype" && key != "inputs" && key != "nodes" && key != "outputs")
+      fail(ErrorCode::Arg, where,
+           "unknown key '" + key + "' (a network has dtype, inputs, nodes, outputs)");
+  }
+  for (const char* key : {"inputs", "nodes", "outputs"})
+    if (!j.contains(key)) fail(ErrorCode::Arg, where, std::string("missing '") + key + "'");
+
+  NetworkSpec spec;
+  spec.origin = origin;
+  if (j.contains("dtype")) spec.dtype = parse_dtype_value(j["dtype"], "dtype", where);
+
+  std::set<std::string> names;  // inputs and nodes share one namespace: sources name either
+  const ojson& inputs = j["inputs"];
+  if (!inputs.is_object())
+    fail(ErrorCode::Arg, where, std::string("inputs must be an object, got ") + json_type(inputs));
+  for (const auto& [name, value] : inputs.items()) {
+    check_name(name, "input", where);
+    NetworkInput in;
+    in.name = name;
+    in.dtype = spec.dtype;
+    if (value.is_object()) {
+      for (const auto& [key, v] : value.items()) {
+        (void)v;
+        if (key != "shape" && key != "dtype")
+          fail(ErrorCode::Arg, where,
+               "input " + name + ": unknown key '" + key + "' (an input has shape, dtype)");
+      }
+      if (!value.contains("shape")) fail(ErrorCode::Arg, where, "input " + name + ": no shape");
+      in.shape = parse_shape(value["shape"], name, where);
+      if (value.contains("dtype"))
+        in.dtype = parse_dtype_value(value["dtype"], "input " + name + ": dtype", where);
+    } else {
+      in.shape = parse_shape(value, name, where);
+    }
+    names.insert(name);
+    spec.inputs.push_back(std::move(in));
+  }
+
+  const ojson& nodes = j["nodes"];
+  if (!nodes.is_array())
+    fail(ErrorCode::Arg, where, std::string("nodes must be an array, got ") + json_type(nodes));
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const ojson& n = nodes[i];
+    std::string node_where = "nodes[" + std::to_string(i) + "]";
+    if (!n.is_object())
+      fail(ErrorCode::Arg, node_where,
+           std::string("a node must be an object, got ") + json_type(n));
+    if (!n.contains("name") || !n["name"].is_string())
+      fail(ErrorCode::Arg, node_where, "a node needs a string 'name'");
+    if (!n.contains("op") || !n["op"].is_string())
+      fail(ErrorCode::Arg, node_where, "a node needs a string 'op'");
+    NetworkNode node;
+    node.name = n["name"].get<std::string>();
+    node.op = n["op"].get<std::string>();
+    // "attention@1" is identity attention, version 1: the only version of every op today.
+    const size_t at = node.op.find('@');
+    if (at != std::string::npos) {
+      const std::string version = node.op.substr(at + 1);
+      node.op.resize(at);
+      if (version != "1")
+        fail(ErrorCode::Arg, node.name + " (" + node.op + ")",
+             "unknown version @" + version + " of op " + node.op + " (tessera has @1)");
+    }
+    node_where = node.name + " (" + node.op + ")";
+    check_name(node.name, "node", node_where);
+    if (!names.insert(node.name).second)
+      fail(ErrorCode::Arg, node_where,
+           "the name " + node.name + " is already taken by an earlier input or node");
+    for (const auto& [key, v] : n.items()) {
+      (void)v;
+      if (key != "name" && key != "op" && key != "args" && key != "inputs")
+        fail(ErrorCode::Arg, node_where,
+             "unknown key '" + key + "' (a node has name, op, args, inputs)");
+    }
+    node.args = ojson::object();
+    if (n.contains("args")) {
+      if (!n["args"].is_object())
+        fail(ErrorCode::Arg, node_where,
+             std::string("args must be an object, got ") + json_type(n["args"]));
+      node.args = n["args"];
+    }
+    if (n.contains("inputs")) {
+      if (!n["inputs"].is_object())
+        fail(ErrorCode::Arg, node_where,
+             std::string("inputs must be an object (port -> source), got ") +
+                 json_type(n["inputs"]));
+      for (const auto& [port, src] : n["inputs"].items()) {
+        if (!src.is_string())
+          fail(ErrorCode::Arg, node_where,
+               "input port " + port + ": a source must be a string, got " + json_type(src));
+        node.inputs.emplace_back(port, src.get<std::string>());
+      }
+    }
+    spec.nodes.push_back(std::move(node));
+  }
+
+  const ojson& outputs = j["outputs"];
+  if (!outputs.is_object())
+    fail(ErrorCode::Arg, where,
+         std::string("outputs must be an object (name -> source), got ") + json_type(outputs));
+  if (outputs.empty()) fail(ErrorCode::Arg, where, "the network has no outputs");
+  for (const auto& [name, src] : outputs.items()) {
+    if (name.empty()) fail(ErrorCode::Arg, where, "an output name is empty");
+    if (!src.is_string())
+      fail(ErrorCode::Arg, where,
+           "output " + name + ": a source must be a string, got " + json_type(src));
+    spec.outputs.emplace_back(name, src.get<std::string>());
+  }
+  return spec;
+}
+
+NetworkSpec network_from_checkpoint(const SafetensorsFile& file) {
+  const auto it = file.metadata().find(kNetworkMetadataKey);
+  if (it == file.metadata().end())
+    fail(ErrorCode::Arg, file.path(),
+         std::string("the checkpoint carries no network (no '") + kNetworkMetadataKey +
+             "' in its metadata)");
+  return parse_network(it->second, file.path() + " (" + kNetworkMetadataKey + ")");
+}
+
+bool is_safetensors_path(const std::string& path) {
+  if (path.size() >= 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0) return true;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(ErrorCode::IO, path, std::string("cannot open: ") + std::strerror(errno));
+  unsigned char head[8];
+  ssize_t n;
+  do {
+    n = ::read(fd, head, sizeof(head));
+  } while (n < 0 && errno == EINTR);
+  const int err = errno;
+  ::close(fd);
+  if (n < 0) {
+    // A directory reads as EISDIR: report it as the text reader would.
+    if (err == EISDIR) fail(ErrorCode::IO, path, "is a directory, not a network file");
+    fail(ErrorCode::IO, path, std::string("cannot read: ") + std::strerror(err));
+  }
+  for (ssize_t i = 0; i < n; ++i)
+    if (head[i] == 0) return true;
+  return false;
+}
+
+NetworkSpec load_network(const std::string& path, std::optional<SafetensorsFile>* checkpoint) {
+  if (checkpoint) checkpoint->reset();
+  if (is_safetensors_path(path)) {
+    SafetensorsFile file = SafetensorsFile::open(path);
+    NetworkSpec spec = network_from_checkpoint(file);
+    if (checkpoint) checkpoint->emplace(std::move(file));
+    return spec;
+  }
+  return parse_network(read_text_file(path), path);
+}
+
+}  // namespace tessera

@@ -1,0 +1,163 @@
+#include "layers/attention_core.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/parallel.h"
+
+namespace tessera {
+
+namespace {
+
+// Query rows per task. The scores tile is [rows, S] floats; keeping it near 256 KB, a quarter
+// of the 1 MB L2 each core has here (lscpu: 2 MiB in 2 instances), leaves room for the K and V
+// panels the two GEMMs stream: 65536 floats / S rows, clamped to [16, 256].
+int64_t query_tile_rows(int64_t kv_len) {
+  const int64_t rows = 65536 / std::max<int64_t>(kv_len, 1);
+  return std::clamp<int64_t>(rows, 16, 256);
+}
+
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Drops each of the `cols` weights of row (b, h, l) with probability p and scales the kept ones
+// by 1/(1-p). The draw depends only on (seed, b, h, l, s): same result at any thread count.
+void dropout_row(float* row, int64_t cols, float p, uint64_t seed, int64_t b, int64_t h,
+                 int64_t l) {
+  const float keep_scale = 1.0f / (1.0f - p);
+  const uint64_t row_key = mix64(seed ^ mix64(static_cast<uint64_t>(b) * 0x9e3779b97f4a7c15ull ^
+                                              mix64(static_cast<uint64_t>(h) << 32 ^
+                                                    static_cast<uint64_t>(l))));
+  for (int64_t s = 0; s < cols; ++s) {
+    const uint64_t r = mix64(row_key + static_cast<uint64_t>(s) * 0x9e3779b97f4a7c15ull);
+    const double u = static_cast<double>(r >> 11) * 0x1.0p-53;
+    row[s] = u < p ? 0.0f : row[s] * keep_scale;
+  }
+}
+
+// need_weights=false and no dropout: the fused kernel, one query tile of one head per task,
+// never materialising [L, S]. Scratch is per chunk of tasks, sized for the largest tile.
+void attention_fused_f32(const KernelTable& k, const AttentionArgs& a) {
+  const int64_t L = a.q_len;
+  // 256 rows per tile: the kernel streams all of K and V once per tile, so taller tiles move
+  // fewer bytes (T=4096: 128 -> 256 rows took the kernel from 72 to 80 GFLOP/s); but keep at
+  // least ~4 tasks per thread so causal work (uneven per tile) balances.
+  const int64_t heads_total = a.batch * a.heads;
+  const int64_t min_tasks = 4 * static_cast<int64_t>(num_threads());
+  int64_t tile = std::min<int64_t>(L, 256);
+  while (tile > 32 && heads_total * ((L + tile - 1) / tile) < min_tasks) tile /= 2;
+  const int64_t tiles_per_head = (L + tile - 1) / tile;
+  const int64_t scratch_floats = k.flash_attention_scratch_floats(tile, a.head_dim, a.v_head_dim);
+  parallel_for(0, heads_total * tiles_per_head, 1, [&](int64_t t0, int64_t t1) {
+    // 64-byte aligned scratch (the kernel's contract): over-allocate one line and align.
+    std::vector<float> buffer(static_cast<size_t>(scratch_floats + 16));
+    auto addr = reinterpret_cast<uintptr_t>(buffer.data());
+    float* scratch = reinterpret_cast<float*>((addr + 63) & ~uintptr_t{63});
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = task / (a.heads * tiles_per_head);
+      const int64_t h = (task / tiles_per_head) % a.heads;
+      const int64_t l0 = (task % tiles_per_head) * tile;
+      FlashAttentionTile t;
+      t.rows = std::min(tile, L - l0);
+      t.q_pos0 = l0;
+      t.kv_len = a.kv_len;
+      t.head_dim = a.head_dim;
+      t.v_head_dim = a.v_head_dim;
+      t.scale = a.scale;
+      t.q = a.q + b * a.q_batch_stride + l0 * a.q_row_stride + h * a.q_head_stride;
+      t.q_stride = a.q_row_stride;
+      t.k = a.k + b * a.k_batch_stride + h * a.k_head_stride;
+      t.k_stride = a.k_row_stride;
+      t.v = a.v + b * a.v_batch_stride + h * a.v_head_stride;
+      t.v_stride = a.v_row_stride;
+      if (a.mask) {
+        t.mask = a.mask + b * a.mask_batch_stride + h * a.mask_head_stride + l0 * a.mask_row_stride;
+        t.mask_stride = a.mask_row_stride;
+      }
+      t.causal = a.causal;
+      t.out = a.out + b * a.out_batch_stride + l0 * a.out_row_stride + h * a.out_head_stride;
+      t.out_stride = a.out_row_stride;
+      t.scratch = scratch;
+      k.flash_attention_f32(t);
+    }
+  });
+}
+
+}  // namespace
+
+void attention_forward_f32(const Device& device, const AttentionArgs& a) {
+  const KernelTable& k = device.kernels();
+  const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.v_head_dim;
+  if (a.batch <= 0 || a.heads <= 0 || L <= 0) return;
+  if (!a.weights && a.dropout_p == 0.0f && k.flash_attention_f32 != nullptr) {
+    attention_fused_f32(k, a);
+    return;
+  }
+  const int64_t tile = query_tile_rows(S);
+  const int64_t tiles_per_head = (L + tile - 1) / tile;
+  const int64_t tasks = a.batch * a.heads * tiles_per_head;
+
+  parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+    // One scores tile per chunk of tasks (not per task): a few allocations per call.
+    std::vector<float> scratch;
+    if (!a.weights) scratch.resize(static_cast<size_t>(tile * std::max<int64_t>(S, 1)));
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = task / (a.heads * tiles_per_head);
+      const int64_t h = (task / tiles_per_head) % a.heads;
+      const int64_t l0 = (task % tiles_per_head) * tile;
+      const int64_t rows = std::min(tile, L - l0);
+      float* out = a.out + b * a.out_batch_stride + l0 * a.out_row_stride + h * a.out_head_stride;
+      // Keys this tile can see at all: with causal, rows l0..l0+rows-1 see s <= l.
+      const int64_t kv_vis = a.causal ? std::min(S, l0 + rows) : S;
+      if (kv_vis == 0) {
+        for (int64_t r = 0; r < rows; ++r)
+          std::memset(out + r * a.out_row_stride, 0, static_cast<size_t>(Dv) * sizeof(float));
+        continue;
+      }
+      float* p;
+      int64_t ldp;
+      if (a.weights) {
+        p = a.weights + ((b * a.heads + h) * L + l0) * S;
+        ldp = S;
+      } else {
+        p = scratch.data();
+        ldp = kv_vis;
+      }
+      const float* q = a.q + b * a.q_batch_stride + l0 * a.q_row_stride + h * a.q_head_stride;
+      const float* kk = a.k + b * a.k_batch_stride + h * a.k_head_stride;
+      const float* v = a.v + b * a.v_batch_stride + h * a.v_head_stride;
+      // scores = scale * q k^T   [rows, kv_vis]
+      k.gemm_f32(false, true, rows, kv_vis, D, a.scale, q, a.q_row_stride, kk, a.k_row_stride,
+                 0.0f, p, ldp);
+      const float* mask = a.mask ? a.mask + b * a.mask_batch_stride + h * a.mask_head_stride +
+                                       l0 * a.mask_row_stride
+                                 : nullptr;
+      if (!a.causal) {
+        k.softmax_rows_f32(rows, kv_vis, p, ldp, 1.0f, mask, a.mask_row_stride, p, ldp);
+      } else {
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t cols = std::min(S, l0 + r + 1);
+          float* row = p + r * ldp;
+          k.softmax_rows_f32(1, cols, row, ldp, 1.0f, mask ? mask + r * a.mask_row_stride : nullptr,
+                             0, row, ldp);
+          std::fill(row + cols, row + kv_vis, 0.0f);
+        }
+      }
+      if (a.dropout_p > 0.0f)
+        for (int64_t r = 0; r < rows; ++r)
+          dropout_row(p + r * ldp, kv_vis, a.dropout_p, a.dropout_seed, b, h, l0 + r);
+      // out = P v   [rows, Dv]
+      k.gemm_f32(false, false, rows, Dv, kv_vis, 1.0f, p, ldp, v, a.v_row_stride, 0.0f, out,
+                 a.out_row_stride);
+      if (a.weights && kv_vis < S)
+        for (int64_t r = 0; r < rows; ++r) std::fill(p + r * ldp + kv_vis, p + r * ldp + S, 0.0f);
+    }
+  });
+}
+
+}  // namespace tessera

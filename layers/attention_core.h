@@ -1,0 +1,54 @@
+// The one attention core behind MultiheadAttention and the spec's `attention` op.
+//
+// Inputs are already projected (and rotated, for rope). Every operand is addressed by strides so
+// the projections' outputs are read in place: a packed QKV buffer [B, T, 3D] is q = base,
+// k = base + D, v = base + 2D with row stride 3D; PyTorch's sequence-first [L, N, E] has batch
+// stride E and row stride N*E. The output is written straight into the out-projection's input.
+#pragma once
+
+#include <cstdint>
+
+#include "core/device.h"
+
+namespace tessera {
+
+struct AttentionArgs {
+  int64_t batch = 0, heads = 0;
+  int64_t q_len = 0;     // L
+  int64_t kv_len = 0;    // S (0 allowed: every query attends to nothing and gets zeros)
+  int64_t head_dim = 0;  // D (q/k width)
+  int64_t v_head_dim = 0;  // value width per head (equal to head_dim for both layers today)
+  float scale = 1.0f;    // applied to q.k (1/sqrt(head_dim) normally)
+
+  // Element (b, t, h, d) of q at q[b*q_batch_stride + t*q_row_stride + h*q_head_stride + d].
+  const float* q = nullptr;
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  const float* k = nullptr;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  const float* v = nullptr;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  float* out = nullptr;  // (b, t, h, d) likewise
+  int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
+
+  // Optional additive float mask (-inf = masked), element (b, h, l, s) at
+  // mask[b*mask_batch_stride + h*mask_head_stride + l*mask_row_stride + s]; strides may be 0
+  // (broadcast), columns are contiguous.
+  const float* mask = nullptr;
+  int64_t mask_batch_stride = 0, mask_head_stride = 0, mask_row_stride = 0;
+  // Query l sees keys s <= l (upper-left aligned when L != S). Combines with mask (sum).
+  bool causal = false;
+
+  // Optional attention weights out: contiguous [B, H, L, S] (probabilities after dropout).
+  float* weights = nullptr;
+
+  // Dropout on the attention weights (training mode of the `attention` op): each weight is
+  // zeroed with probability dropout_p and the rest scaled by 1/(1-p). The draw for (b, h, l, s)
+  // depends only on (dropout_seed, b, h, l, s), so results do not depend on thread count.
+  float dropout_p = 0.0f;
+  uint64_t dropout_seed = 0;
+};
+
+// Validates nothing (layers do); splits (batch, head, query tile) over the worker threads.
+void attention_forward_f32(const Device& device, const AttentionArgs& args);
+
+}  // namespace tessera

@@ -1,0 +1,38 @@
+// Linear projections: y = x W^T + b as one large GEMM split by rows over the worker threads
+// (each worker calls the single-threaded backend GEMM on its block of rows).
+#pragma once
+
+#include <cstdint>
+
+#include "core/device.h"
+#include "core/tensor.h"
+#include "layers/parameters.h"
+
+namespace tessera {
+
+// y[m, n] = sum_k x[m, k] * w[n, k] + bias[n] (bias may be null). Row strides in elements;
+// columns contiguous. Rows are split over the threads.
+void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
+                        int64_t out_features, const float* x, int64_t x_stride, const float* w,
+                        const float* bias, float* y, int64_t y_stride);
+
+// nn.Linear(in_features, out_features, bias): parameters `weight` [out, in], `bias` [out].
+class Linear {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias);
+  void reset_parameters(Generator& gen);
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+  bool has_bias() const { return has_bias_; }
+  ParameterSet& parameters() { return params_; }
+  const ParameterSet& parameters() const { return params_; }
+  // x [..., in] (any float dtype, any strides) -> [..., out] float32, contiguous.
+  Tensor forward(const Tensor& x) const;
+
+ private:
+  int64_t in_, out_;
+  bool has_bias_;
+  ParameterSet params_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,579 @@
+#include "layers/network.h"
+
+#include <algorithm>
+#include <limits>
+#include <set>
+
+#include "core/random.h"
+
+namespace tessera {
+
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+// 4224 -> "4,224"
+std::string thousands(int64_t n) {
+  std::string digits = std::to_string(n < 0 ? -n : n);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return n < 0 ? "-" + out : out;
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
+  return s;
+}
+
+// The dtype a network input has inside the graph: a float input is the plan dtype; a bool input
+// stays bool (a mask). Anything else cannot feed an op.
+DType graph_dtype(const NetworkInput& in, DType plan) {
+  if (dtype_is_floating(in.dtype)) return plan;
+  if (in.dtype == DType::Bool) return DType::Bool;
+  fail(ErrorCode::DType, "input " + in.name,
+       std::string("dtype ") + dtype_name(in.dtype) +
+           " is not supported for network inputs (float types, or bool for masks)");
+}
+
+SymShape substitute(const SymShape& shape, const SymbolBindings& bindings) {
+  SymShape out = shape;
+  for (Dim& d : out) {
+    if (!d.is_symbol()) continue;
+    const auto it = bindings.find(d.text);
+    if (it != bindings.end()) d = Dim::fixed(it->second);
+  }
+  return out;
+}
+
+// Checks concrete `shape` against input `name`'s declared shape and binds its symbols; a symbol
+// bound before (by another input, or by the network) must get the same value. `origin` records
+// which input bound each symbol, for the message.
+void bind_shape(const std::string& name, const SymShape& declared, const Shape& shape,
+                SymbolBindings& bindings, std::map<std::string, std::string>& origin) {
+  const std::string where = "input " + name;
+  if (shape.size() != declared.size())
+    fail(ErrorCode::Shape, where,
+         "shape " + shape_to_string(shape) + " does not fit " + sym_shape_to_string(declared) +
+             " (rank " + str(static_cast<int64_t>(shape.size())) + ", not " +
+             str(static_cast<int64_t>(declared.size())) + ")");
+  for (size_t i = 0; i < shape.size(); ++i) {
+    const Dim& d = declared[i];
+    const int64_t v = shape[i];
+    if (v < 0)
+      fail(ErrorCode::Shape, where, "shape " + shape_to_string(shape) + " has a negative dim");
+    if (d.is_fixed()) {
+      if (d.value != v)
+        fail(ErrorCode::Shape, where,
+             "shape " + shape_to_string(shape) + " does not fit " + sym_shape_to_string(declared) +
+                 ": dim " + str(static_cast<int64_t>(i)) + " is " + str(v) +
+                 ", the network fixes it to " + str(d.value));
+      continue;
+    }
+    const auto [it, inserted] = bindings.emplace(d.text, v);
+    if (!inserted && it->second != v) {
+      const auto o = origin.find(d.text);
+      fail(ErrorCode::Shape, where,
+           "shape " + shape_to_string(shape) + " does not fit " + sym_shape_to_string(declared) +
+               ": dim " + str(static_cast<int64_t>(i)) + " (" + d.text + ") is " + str(v) +
+               ", but " + d.text + "=" + str(it->second) +
+               (o != origin.end() ? " from " + o->second : std::string(" in the network")));
+    }
+    if (inserted) origin[d.text] = where;
+  }
+}
+
+struct Graph {
+  std::vector<NetworkValue> values;
+  std::vector<ResolvedNode> nodes;
+  std::vector<int> inputs;
+  std::vector<std::pair<std::string, int>> outputs;
+};
+
+// Finds the value a source names, with a message that says why when there is none.
+class SourceTable {
+ public:
+  explicit SourceTable(const NetworkSpec& spec) {
+    for (size_t i = 0; i < spec.nodes.size(); ++i)
+      node_index_[spec.nodes[i].name] = static_cast<int>(i);
+  }
+  void add(const std::string& name, int value) { by_name_[name] = value; }
+
+  // `current` is the index of the node asking (nodes.size() for the network outputs).
+  int find(const std::string& source, const Graph& g, int current, const std::string& where,
+           const std::string& who) const {
+    const auto it = by_name_.find(source);
+    if (it != by_name_.end()) return it->second;
+    const size_t dot = source.find('.');
+    const std::string node = source.substr(0, dot);
+    const auto n = node_index_.find(node);
+    if (n != node_index_.end()) {
+      if (n->second >= current)
+        fail(ErrorCode::Arg, where,
+             who + ": source '" + source + "' refers to node " + node +
+                 (n->second == current ? ", this node itself" : ", which comes later") +
+                 " (nodes run in file order)");
+      const ResolvedNode& rn = g.nodes[static_cast<size_t>(n->second)];
+      fail(ErrorCode::Arg, where,
+           who + ": node " + node + " (" + rn.op->name() + ") has no output port '" +
+               source.substr(dot + 1) + "' (ports: " + join(rn.output_ports) + ")");
+    }
+    fail(ErrorCode::Arg, where,
+         who + ": unknown source '" + source + "' (not a network input or a node)");
+  }
+
+ private:
+  std::map<std::string, int> by_name_;
+  std::map<std::string, int> node_index_;
+};
+
+// One pass over the network with these input types: every source looked up, every op's
+// inference run. Symbols the ops fix land in `bound`.
+Graph build(const NetworkSpec& spec, const std::vector<std::shared_ptr<const Op>>& ops,
+            const std::vector<ValueType>& input_types, SymbolBindings& bound) {
+  Graph g;
+  SourceTable sources(spec);
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    const int id = static_cast<int>(g.values.size());
+    g.values.push_back({spec.inputs[i].name, input_types[i], -1, static_cast<int>(i)});
+    g.inputs.push_back(id);
+    sources.add(spec.inputs[i].name, id);
+  }
+  for (size_t i = 0; i < spec.nodes.size(); ++i) {
+    const NetworkNode& node = spec.nodes[i];
+    const Op& op = *ops[i];
+    ResolvedNode rn;
+    rn.name = node.name;
+    rn.op = ops[i];
+    const std::vector<PortSpec> ports = op.input_ports();
+    for (const PortSpec& p : ports) rn.input_ports.push_back(p.name);
+    rn.inputs.assign(ports.size(), -1);
+    for (const auto& [port, source] : node.inputs) {
+      const size_t k = static_cast<size_t>(
+          std::find(rn.input_ports.begin(), rn.input_ports.end(), port) - rn.input_ports.begin());
+      rn.inputs[k] = sources.find(source, g, static_cast<int>(i), op.where(), "input port " + port);
+    }
+    std::vector<const ValueType*> in;
+    for (int id : rn.inputs)
+      in.push_back(id >= 0 ? &g.values[static_cast<size_t>(id)].type : nullptr);
+    InferResult r = op.infer(in, bound);
+    rn.output_ports = op.output_ports();
+    if (r.outputs.size() != rn.output_ports.size())
+      fail(ErrorCode::Internal, op.where(),
+           "inferred " + str(static_cast<int64_t>(r.outputs.size())) + " outputs for " +
+               str(static_cast<int64_t>(rn.output_ports.size())) + " ports");
+    rn.parameters = std::move(r.parameters);
+    for (size_t j = 0; j < rn.output_ports.size(); ++j) {
+      const int id = static_cast<int>(g.values.size());
+      const std::string full = node.name + "." + rn.output_ports[j];
+      g.values.push_back({j == 0 ? node.name : full, std::move(r.outputs[j]), static_cast<int>(i),
+                          static_cast<int>(j)});
+      rn.outputs.push_back(id);
+      sources.add(full, id);
+      if (j == 0) sources.add(node.name, id);  // a node name is its first output port
+    }
+    g.nodes.push_back(std::move(rn));
+  }
+  for (const auto& [name, source] : spec.outputs)
+    g.outputs.emplace_back(name, sources.find(source, g, static_cast<int>(spec.nodes.size()),
+                                              spec.origin, "output " + name));
+  return g;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Network
+
+Network Network::resolve(const NetworkSpec& spec,
+                         const std::map<std::string, Shape>& input_shapes) {
+  if (spec.dtype != DType::F32) {
+    if (!dtype_is_floating(spec.dtype))
+      fail(ErrorCode::DType, spec.origin,
+           std::string("dtype=") + dtype_name(spec.dtype) + " is not a compute dtype");
+    fail(ErrorCode::Unsupported, spec.origin,
+         std::string("dtype=") + dtype_name(spec.dtype) +
+             " is not supported: tessera computes in float32 (weights and inputs of other float "
+             "types are converted)");
+  }
+  Network net;
+  net.spec_ = spec;
+  std::vector<std::shared_ptr<const Op>> ops;
+  for (const NetworkNode& node : spec.nodes) ops.push_back(make_op(node));
+
+  std::vector<ValueType> declared;
+  for (const NetworkInput& in : spec.inputs)
+    declared.push_back({in.shape, graph_dtype(in, spec.dtype)});
+
+  SymbolBindings bindings;
+  std::map<std::string, std::string> origin;
+  for (const auto& [name, shape] : input_shapes) {
+    const auto it = std::find_if(spec.inputs.begin(), spec.inputs.end(),
+                                 [&](const NetworkInput& in) { return in.name == name; });
+    if (it == spec.inputs.end()) {
+      std::vector<std::string> names;
+      for (const NetworkInput& in : spec.inputs) names.push_back(in.name);
+      fail(ErrorCode::Arg, "--shape",
+           "'" + name + "' is not a network input (inputs: " + join(names) + ")");
+    }
+    bind_shape(name, it->shape, shape, bindings, origin);
+  }
+
+  // Each pass that fixes a new symbol (an attention grid fixing T) is followed by another with
+  // the symbol substituted everywhere, so every shape prints it as a number; there are at most
+  // as many passes as symbols, plus one.
+  for (;;) {
+    std::vector<ValueType> types = declared;
+    for (ValueType& t : types) t.shape = substitute(t.shape, bindings);
+    SymbolBindings fixed_now;
+    Graph g = build(spec, ops, types, fixed_now);
+    bool grew = false;
+    for (const auto& [sym, value] : fixed_now) grew |= bindings.emplace(sym, value).second;
+    if (!grew) {
+      net.values_ = std::move(g.values);
+      net.nodes_ = std::move(g.nodes);
+      net.inputs_ = std::move(g.inputs);
+      net.outputs_ = std::move(g.outputs);
+      break;
+    }
+  }
+  net.bindings_ = std::move(bindings);
+  return net;
+}
+
+int64_t Network::parameter_count() const {
+  int64_t n = 0;
+  for (const ResolvedNode& node : nodes_)
+    for (const auto& p : node.parameters) n += shape_numel(p.second);
+  return n;
+}
+
+std::string Network::summary() const {
+  auto side = [&](const std::vector<std::pair<std::string, int>>& items) {
+    if (items.size() == 1)
+      return sym_shape_to_string(values_[static_cast<size_t>(items[0].second)].type.shape);
+    std::vector<std::string> parts;
+    for (const auto& [name, id] : items)
+      parts.push_back(name + "=" +
+                      sym_shape_to_string(values_[static_cast<size_t>(id)].type.shape));
+    return join(parts);
+  };
+  std::vector<std::pair<std::string, int>> ins;
+  for (size_t i = 0; i < inputs_.size(); ++i) ins.emplace_back(spec_.inputs[i].name, inputs_[i]);
+  std::string s = "Network: " + side(ins) + " -> " + side(outputs_) +
+                  " dtype=" + dtype_name(spec_.dtype) + "\n";
+
+  std::vector<std::vector<std::string>> rows = {
+      {"index", "name", "operation", "input shapes", "output shapes"}};
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    const ResolvedNode& n = nodes_[i];
+    std::vector<std::string> in, out;
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      if (n.inputs[k] >= 0)
+        in.push_back(n.input_ports[k] + "=" +
+                     sym_shape_to_string(values_[static_cast<size_t>(n.inputs[k])].type.shape));
+    for (size_t k = 0; k < n.outputs.size(); ++k)
+      out.push_back(n.output_ports[k] + "=" +
+                    sym_shape_to_string(values_[static_cast<size_t>(n.outputs[k])].type.shape));
+    rows.push_back({std::to_string(i), n.name, n.op->name(), join(in), join(out)});
+  }
+  // Columns two spaces apart, each as wide as its widest cell; the last one is not padded.
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& r : rows)
+    for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t c = 0; c < r.size(); ++c) {
+      line += r[c];
+      if (c + 1 < r.size()) line += std::string(width[c] - r[c].size() + 2, ' ');
+    }
+    s += line + "\n";
+  }
+  return s + "Parameters: " + thousands(parameter_count()) + "\n";
+}
+
+std::vector<ValueType> Network::bind(const std::vector<ValueType>& inputs) const {
+  if (inputs.size() != inputs_.size())
+    fail(ErrorCode::Internal, "network",
+         "bind got " + str(static_cast<int64_t>(inputs.size())) + " inputs for " +
+             str(static_cast<int64_t>(inputs_.size())));
+  SymbolBindings bindings;
+  std::map<std::string, std::string> origin;
+  std::vector<ValueType> types;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const NetworkValue& v = values_[static_cast<size_t>(inputs_[i])];
+    bind_shape(v.name, v.type.shape, concrete_shape(inputs[i].shape), bindings, origin);
+    types.push_back(inputs[i]);
+  }
+  std::vector<std::shared_ptr<const Op>> ops;
+  for (const ResolvedNode& n : nodes_) ops.push_back(n.op);
+  SymbolBindings unused;
+  Graph g = build(spec_, ops, types, unused);
+  std::vector<ValueType> out;
+  for (NetworkValue& v : g.values) out.push_back(std::move(v.type));
+  return out;
+}
+
+// ---------------------------------------------------------------- Model
+
+Model::Model(const NetworkSpec& spec, uint64_t seed) : Model(Network::resolve(spec), seed) {}
+
+Model::Model(Network network, uint64_t seed) : network_(std::move(network)) {
+  Generator gen(seed);
+  for (const ResolvedNode& node : network_.nodes()) {
+    std::vector<const ValueType*> in;
+    for (int id : node.inputs)
+      in.push_back(id >= 0 ? &network_.values()[static_cast<size_t>(id)].type : nullptr);
+    layers_.push_back(node.op->instantiate(in, gen.next_u64()));
+    // The resolver counts parameters from the documented rules without building layers; the
+    // layer is the authority. They must agree, or summary and loading would disagree.
+    std::vector<std::pair<std::string, Shape>> declared;
+    if (const ParameterSet* ps = layers_.back()->parameters())
+      for (const Parameter& p : ps->all()) declared.emplace_back(p.name, p.shape);
+    std::vector<std::pair<std::string, Shape>> expected = node.parameters;
+    std::sort(declared.begin(), declared.end());
+    std::sort(expected.begin(), expected.end());
+    if (declared != expected)
+      fail(ErrorCode::Internal, node.op->where(),
+           "the layer declares other parameters than the resolver counted");
+  }
+}
+
+WeightsReport Model::load_weights(const std::map<std::string, Tensor>& state, bool strict,
+                                  const std::string& where,
+                                  const std::map<std::string, std::string>& unusable) {
+  std::vector<std::string> missing, unexpected, misshaped;
+  std::set<std::string> declared;
+  const auto& nodes = network_.nodes();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const ParameterSet* ps = layers_[i]->parameters();
+    if (!ps) continue;
+    const std::string prefix = nodes[i].name + ".";
+    for (const Parameter& p : ps->all()) declared.insert(prefix + p.name);
+    LoadResult r = ps->check(state, prefix);
+    for (std::string& m : r.missing) {
+      const auto u = unusable.find(m);
+      if (u != unusable.end())
+        misshaped.push_back(m + " (dtype " + u->second + " is not a number type tessera reads)");
+      else
+        missing.push_back(std::move(m));
+    }
+    for (std::string& m : r.misshaped) misshaped.push_back(std::move(m));
+  }
+  for (const auto& entry : state)
+    if (!declared.count(entry.first)) unexpected.push_back(entry.first);
+  for (const auto& entry : unusable)
+    if (!declared.count(entry.first)) unexpected.push_back(entry.first);
+  std::sort(unexpected.begin(), unexpected.end());
+
+  if (!misshaped.empty() || (strict && (!missing.empty() || !unexpected.empty())))
+    fail(ErrorCode::Weights, where,
+         strict ? describe_weight_problems(missing, unexpected, misshaped)
+                : describe_weight_problems({}, {}, misshaped));
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (!layers_[i]->parameters()) continue;
+    const std::string prefix = nodes[i].name + ".";
+    std::map<std::string, Tensor> sub;
+    for (auto it = state.lower_bound(prefix); it != state.end() && it->first.starts_with(prefix);
+         ++it)
+      if (declared.count(it->first)) sub.emplace(it->first.substr(prefix.size()), it->second);
+    if (!sub.empty()) layers_[i]->load(sub);
+  }
+  return {std::move(missing), std::move(unexpected)};
+}
+
+std::map<std::string, Tensor> Model::state_dict() const {
+  std::map<std::string, Tensor> out;
+  const auto& nodes = network_.nodes();
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (const ParameterSet* ps = layers_[i]->parameters())
+      for (const Parameter& p : ps->all()) out[nodes[i].name + "." + p.name] = p.value;
+  return out;
+}
+
+// ---------------------------------------------------------------- Plan
+
+Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs) : model_(&model) {
+  const Network& net = model.network();
+  const NetworkSpec& spec = net.spec();
+
+  std::vector<std::string> missing, unknown, names;
+  for (const NetworkInput& in : spec.inputs) {
+    names.push_back(in.name);
+    if (!inputs.count(in.name)) missing.push_back(in.name);
+  }
+  for (const auto& entry : inputs)
+    if (std::find(names.begin(), names.end(), entry.first) == names.end())
+      unknown.push_back(entry.first);
+  if (!missing.empty() || !unknown.empty())
+    fail(ErrorCode::Arg, "inputs",
+         (missing.empty() ? "" : "missing network input " + join(missing)) +
+             (missing.empty() || unknown.empty() ? "" : "; ") +
+             (unknown.empty() ? "" : join(unknown) + " is not a network input") +
+             " (inputs: " + join(names) + ")");
+
+  std::vector<ValueType> in_types;
+  for (const NetworkInput& in : spec.inputs) {
+    const TensorDesc& d = inputs.at(in.name);
+    const bool mask = in.dtype == DType::Bool;
+    DType t;
+    if (dtype_is_floating(d.dtype))
+      t = net.dtype();
+    else if (mask && d.dtype == DType::Bool)
+      t = DType::Bool;
+    else
+      fail(
+          ErrorCode::DType, "input " + in.name,
+          std::string("dtype ") + dtype_safetensors_name(d.dtype) + " is not accepted (" +
+              (mask ? "a mask is BOOL or a float type" : "float inputs are F32, F16, BF16 or F64") +
+              ")");
+    in_types.push_back({fixed_shape(d.shape), t});
+  }
+  types_ = net.bind(in_types);
+
+  const auto& nodes = net.nodes();
+  const size_t n_values = types_.size();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    std::vector<const ValueType*> in;
+    for (int id : nodes[i].inputs)
+      in.push_back(id >= 0 ? &types_[static_cast<size_t>(id)] : nullptr);
+    flops_ += nodes[i].op->flops(in);
+  }
+
+  // Lifetimes: a value lives from its producer to its last consumer; network outputs to the end.
+  constexpr int kForever = std::numeric_limits<int>::max();
+  std::vector<int> last_use(n_values, -1);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    for (int id : nodes[i].outputs) last_use[static_cast<size_t>(id)] = static_cast<int>(i);
+    for (int id : nodes[i].inputs)
+      if (id >= 0) last_use[static_cast<size_t>(id)] = static_cast<int>(i);
+  }
+  for (const auto& out : net.outputs()) last_use[static_cast<size_t>(out.second)] = kForever;
+
+  // Greedy assignment in execution order: each output takes the smallest free buffer that holds
+  // it, else the largest free one (grown), else a new one; buffers return to the free list after
+  // the last consumer runs. A node's outputs never share with its inputs (those are freed after).
+  value_buffer_.assign(n_values, -1);
+  std::vector<int64_t> capacity;  // floats
+  std::vector<int> free_list;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (!model.layer(i).allocates_outputs()) {
+      for (int id : nodes[i].outputs) {
+        const int64_t need = shape_numel(concrete_shape(types_[static_cast<size_t>(id)].shape));
+        int best = -1;
+        for (int b : free_list)
+          if (capacity[static_cast<size_t>(b)] >= need &&
+              (best < 0 || capacity[static_cast<size_t>(b)] < capacity[static_cast<size_t>(best)]))
+            best = b;
+        if (best < 0)
+          for (int b : free_list)
+            if (best < 0 || capacity[static_cast<size_t>(b)] > capacity[static_cast<size_t>(best)])
+              best = b;
+        if (best < 0) {
+          best = static_cast<int>(capacity.size());
+          capacity.push_back(0);
+        } else {
+          free_list.erase(std::find(free_list.begin(), free_list.end(), best));
+        }
+        capacity[static_cast<size_t>(best)] = std::max(capacity[static_cast<size_t>(best)], need);
+        value_buffer_[static_cast<size_t>(id)] = best;
+      }
+    }
+    std::set<int> done;
+    auto release = [&](int id) {
+      if (id < 0 || !done.insert(id).second) return;
+      const int b = value_buffer_[static_cast<size_t>(id)];
+      if (b >= 0 && last_use[static_cast<size_t>(id)] == static_cast<int>(i))
+        free_list.push_back(b);
+    };
+    for (int id : nodes[i].inputs) release(id);
+    for (int id : nodes[i].outputs) release(id);
+  }
+  for (int64_t cap : capacity) buffers_.push_back(Tensor::empty({std::max<int64_t>(cap, 1)}));
+
+  planned_.resize(n_values);
+  values_.resize(n_values);
+  for (size_t v = 0; v < n_values; ++v) {
+    const int b = value_buffer_[v];
+    if (b < 0) continue;
+    const Shape shape = concrete_shape(types_[v].shape);
+    planned_[v] = buffers_[static_cast<size_t>(b)].narrow(0, 0, shape_numel(shape)).view(shape);
+    values_[v] = planned_[v];
+  }
+  // Float inputs stored in another dtype are converted into a float32 buffer of their own.
+  input_conversion_.resize(spec.inputs.size());
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    const TensorDesc& d = inputs.at(spec.inputs[i].name);
+    input_dtype_.push_back(d.dtype);
+    if (dtype_is_floating(d.dtype) && d.dtype != DType::F32)
+      input_conversion_[i] = Tensor::empty(d.shape);
+  }
+
+  node_in_.resize(nodes.size());
+  node_out_.resize(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    for (int id : nodes[i].inputs)
+      node_in_[i].push_back(id >= 0 ? &values_[static_cast<size_t>(id)] : nullptr);
+    for (int id : nodes[i].outputs) node_out_[i].push_back(&values_[static_cast<size_t>(id)]);
+  }
+  for (const auto& out : net.outputs()) outputs_.emplace_back(out.first, Tensor());
+}
+
+const std::vector<std::pair<std::string, Tensor>>& Plan::run(
+    const std::map<std::string, Tensor>& inputs) {
+  const Network& net = model_->network();
+  const NetworkSpec& spec = net.spec();
+  if (inputs.size() != spec.inputs.size())
+    fail(ErrorCode::Arg, "inputs",
+         "got " + str(static_cast<int64_t>(inputs.size())) + " inputs, the network has " +
+             str(static_cast<int64_t>(spec.inputs.size())));
+  for (size_t i = 0; i < spec.inputs.size(); ++i) {
+    const std::string& name = spec.inputs[i].name;
+    const auto it = inputs.find(name);
+    if (it == inputs.end()) fail(ErrorCode::Arg, "inputs", "missing network input " + name);
+    const Tensor& t = it->second;
+    const size_t id = static_cast<size_t>(net.inputs()[i]);
+    const ValueType& want = types_[id];
+    if (t.shape() != concrete_shape(want.shape))
+      fail(ErrorCode::Shape, "input " + name,
+           "shape " + t.shape_str() + " is not the planned " + sym_shape_to_string(want.shape));
+    if (t.dtype() != input_dtype_[i])
+      fail(ErrorCode::DType, "input " + name,
+           std::string("dtype ") + dtype_safetensors_name(t.dtype()) + " is not the planned " +
+               dtype_safetensors_name(input_dtype_[i]));
+    if (want.dtype == DType::Bool || (t.dtype() == DType::F32 && t.is_contiguous())) {
+      values_[id] = t;
+    } else {
+      // Another float dtype (buffer made at construction), or a strided float32 input (buffer
+      // made on first need, then reused).
+      if (!input_conversion_[i].defined()) input_conversion_[i] = Tensor::empty(t.shape());
+      input_conversion_[i].copy_from(t);
+      values_[id] = input_conversion_[i];
+    }
+  }
+  const auto& nodes = net.nodes();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    try {
+      model_->layer(i).forward(node_in_[i], node_out_[i]);
+    } catch (const Error& e) {
+      // Name the node, whatever name the layer gave itself.
+      if (e.where() == nodes[i].op->where()) throw;
+      throw Error(e.code(), nodes[i].op->where(), e.detail());
+    }
+  }
+  for (size_t k = 0; k < outputs_.size(); ++k)
+    outputs_[k].second = values_[static_cast<size_t>(net.outputs()[k].second)];
+  return outputs_;
+}
+
+std::vector<Plan::Buffer> Plan::buffers() const {
+  std::vector<Buffer> out;
+  for (const Tensor& b : buffers_) out.push_back({b.raw_data(), b.nbytes()});
+  for (const Tensor& b : input_conversion_)
+    if (b.defined()) out.push_back({b.raw_data(), b.nbytes()});
+  return out;
+}
+
+}  // namespace tessera

@@ -1,0 +1,169 @@
+// Networks (shared/docs/interfaces.md §2-3) in three steps:
+//   Network: the resolved description. Every source found, every op's arguments checked, every
+//     value's shape inferred with open dimensions kept symbolic (B, T, ...), parameters counted.
+//   Model: a Network with its layers built and parameters initialised or loaded. Immutable once
+//     loaded; several threads may run one Model at once, each through its own Plan.
+//   Plan: a Model bound to concrete input shapes. Every intermediate buffer is allocated once at
+//     construction, buffers whose lifetimes do not overlap shared, so run() allocates none.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/network_file.h"
+#include "layers/op_registry.h"
+
+namespace tessera {
+
+// A value of the network: a network input or one output port of a node.
+struct NetworkValue {
+  std::string name;   // as a source names it: "x", "n0" (its first port), "n0.weights"
+  ValueType type;     // as resolved: open dims stay symbolic unless something fixed them
+  int producer = -1;  // node index; -1 for a network input
+  int port = 0;       // the producer's output port, or the network input's index
+};
+
+struct ResolvedNode {
+  std::string name;
+  std::shared_ptr<const Op> op;
+  std::vector<std::string> input_ports;  // the op's ports, in its order
+  std::vector<int> inputs;               // value per input port, -1 for an absent optional one
+  std::vector<std::string> output_ports;
+  std::vector<int> outputs;                               // value per output port
+  std::vector<std::pair<std::string, Shape>> parameters;  // name within the node -> shape
+};
+
+class Network {
+ public:
+  // Resolves `spec`. `input_shapes` fixes the shapes of some inputs (summary --shape); the
+  // symbols they bind are bound everywhere. Errors: E_ARG (unknown op, argument, port, source or
+  // input name; wrong argument type), E_CONSTRAINT, E_SHAPE, E_DTYPE, E_UNSUPPORTED (a plan
+  // dtype other than float32).
+  static Network resolve(const NetworkSpec& spec,
+                         const std::map<std::string, Shape>& input_shapes = {});
+
+  const NetworkSpec& spec() const { return spec_; }
+  DType dtype() const { return spec_.dtype; }
+  const std::vector<NetworkValue>& values() const { return values_; }
+  const std::vector<ResolvedNode>& nodes() const { return nodes_; }
+  const std::vector<int>& inputs() const { return inputs_; }  // value ids, in file order
+  const std::vector<std::pair<std::string, int>>& outputs() const { return outputs_; }
+  // Symbols fixed by input_shapes or by the network itself (a spatial_shape grid fixes T).
+  const SymbolBindings& bindings() const { return bindings_; }
+  int64_t parameter_count() const;
+
+  // The text `tessera summary` prints (interfaces.md §3), newline-terminated lines.
+  std::string summary() const;
+
+  // Concrete types of every value (indexed like values()) for concrete inputs, in the order of
+  // inputs(); a float input's dtype is the plan dtype, a mask's bool or the plan dtype.
+  // E_SHAPE when a shape does not fit its declaration or one symbol gets two values; then every
+  // check that waited for open dimensions (E_SHAPE, E_CONSTRAINT).
+  std::vector<ValueType> bind(const std::vector<ValueType>& inputs) const;
+
+ private:
+  NetworkSpec spec_;
+  std::vector<NetworkValue> values_;
+  std::vector<ResolvedNode> nodes_;
+  std::vector<int> inputs_;
+  std::vector<std::pair<std::string, int>> outputs_;
+  SymbolBindings bindings_;
+};
+
+// What a non-strict load did not find or did not use.
+struct WeightsReport {
+  std::vector<std::string> missing;     // left as initialised from the seed
+  std::vector<std::string> unexpected;  // ignored
+};
+
+class Model {
+ public:
+  // Builds every layer, its parameters initialised as the layer's reset does from a seed derived
+  // from `seed` and the node's position.
+  explicit Model(Network network, uint64_t seed = 0);
+  explicit Model(const NetworkSpec& spec, uint64_t seed = 0);
+  Model(Model&&) = default;
+  Model& operator=(Model&&) = default;
+
+  const Network& network() const { return network_; }
+  const OpLayer& layer(size_t node) const { return *layers_[node]; }
+  int64_t parameter_count() const { return network_.parameter_count(); }
+
+  // Loads `state` (keys "<node>.<param>", as PyTorch's state_dict names them; F32, F16, BF16
+  // and F64 converted). Every problem is named in one E_WEIGHTS error (where = `where`, the
+  // checkpoint): with `strict` every missing, unexpected and mis-shaped key, otherwise only the
+  // mis-shaped ones (missing parameters keep their initial values, unexpected keys are ignored
+  // and both are reported). `unusable` lists tensors of the checkpoint that cannot be read as
+  // numbers (name -> dtype): a parameter's counts as mis-shaped, any other as unexpected.
+  // Nothing changes when loading fails.
+  WeightsReport load_weights(const std::map<std::string, Tensor>& state, bool strict,
+                             const std::string& where,
+                             const std::map<std::string, std::string>& unusable = {});
+  // Every parameter as "<node>.<param>".
+  std::map<std::string, Tensor> state_dict() const;
+
+ private:
+  Network network_;
+  std::vector<std::unique_ptr<OpLayer>> layers_;
+};
+
+// A tensor's shape and stored dtype, for binding a plan.
+struct TensorDesc {
+  Shape shape;
+  DType dtype = DType::F32;
+};
+
+class Plan {
+ public:
+  // Binds every network input (by name: E_ARG for a missing or unknown one) to a concrete shape
+  // and stored dtype (float inputs: F32, F16, BF16 or F64; masks: BOOL or float; otherwise
+  // E_DTYPE), infers every value's shape, and allocates the buffers. `model` must outlive the
+  // plan. A plan runs on one thread at a time; give each thread its own.
+  Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs);
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+
+  // Runs the network. `inputs` must have the bound shapes and dtypes (E_SHAPE, E_DTYPE, E_ARG).
+  // Returns every network output by name, float32 contiguous (a mask passed straight through
+  // keeps its dtype); the tensors live in the plan's buffers and are overwritten by the next run.
+  const std::vector<std::pair<std::string, Tensor>>& run(
+      const std::map<std::string, Tensor>& inputs);
+
+  // FLOPs of one run (the ops' convention, op_registry.h).
+  double flops() const { return flops_; }
+  // Concrete types of every value, indexed like network().values().
+  const std::vector<ValueType>& types() const { return types_; }
+  // The value's tensor after a run (undefined before the first).
+  const Tensor& value(int id) const { return values_[static_cast<size_t>(id)]; }
+
+  // The buffers the plan owns: intermediates (shared by values whose lifetimes do not overlap)
+  // and input conversions. Allocated at construction, never reallocated by run().
+  struct Buffer {
+    const void* data;
+    size_t bytes;
+  };
+  std::vector<Buffer> buffers() const;
+  // Which buffer holds each value (-1: none; a network input, or a layer that allocates its own).
+  const std::vector<int>& value_buffers() const { return value_buffer_; }
+
+ private:
+  const Model* model_;
+  std::vector<ValueType> types_;
+  double flops_ = 0.0;
+  std::vector<Tensor> buffers_;           // the intermediate buffers, 1-D float32
+  std::vector<int> value_buffer_;         // value -> buffer, -1 when none
+  std::vector<Tensor> planned_;           // value -> its view into a buffer (when it has one)
+  std::vector<Tensor> values_;            // value -> tensor of the current run
+  std::vector<DType> input_dtype_;        // per network input: the stored dtype planned for
+  std::vector<Tensor> input_conversion_;  // per network input: float32 copy target, if needed
+  std::vector<std::vector<const Tensor*>> node_in_;
+  std::vector<std::vector<Tensor*>> node_out_;
+  std::vector<std::pair<std::string, Tensor>> outputs_;
+};
+
+}  // namespace tessera

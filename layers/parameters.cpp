@@ -1,0 +1,169 @@
+#include "layers/parameters.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/random.h"
+
+namespace tessera {
+
+Parameter& ParameterSet::add(const std::string& name, const Shape& shape, DType dtype) {
+  if (contains(name)) fail(ErrorCode::Internal, "ParameterSet", "duplicate parameter " + name);
+  params_.push_back(Parameter{name, shape, Tensor::zeros(shape, dtype), true});
+  return params_.back();
+}
+
+bool ParameterSet::contains(const std::string& name) const { return find(name) != nullptr; }
+
+Parameter* ParameterSet::find(const std::string& name) {
+  for (Parameter& p : params_)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+const Parameter* ParameterSet::find(const std::string& name) const {
+  for (const Parameter& p : params_)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+const Tensor& ParameterSet::tensor(const std::string& name) const {
+  const Parameter* p = find(name);
+  if (!p) fail(ErrorCode::Internal, "ParameterSet", "no parameter " + name);
+  return p->value;
+}
+
+Tensor& ParameterSet::mutable_tensor(const std::string& name) {
+  Parameter* p = find(name);
+  if (!p) fail(ErrorCode::Internal, "ParameterSet", "no parameter " + name);
+  return p->value;
+}
+
+int64_t ParameterSet::count() const {
+  int64_t n = 0;
+  for (const Parameter& p : params_) n += shape_numel(p.shape);
+  return n;
+}
+
+static std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+  return s;
+}
+
+std::string describe_weight_problems(const std::vector<std::string>& missing,
+                                     const std::vector<std::string>& unexpected,
+                                     const std::vector<std::string>& misshaped) {
+  std::vector<std::string> parts;
+  if (!missing.empty()) parts.push_back("missing: " + join(missing));
+  if (!unexpected.empty()) parts.push_back("unexpected: " + join(unexpected));
+  if (!misshaped.empty()) parts.push_back("mis-shaped: " + join(misshaped));
+  std::string s;
+  for (size_t i = 0; i < parts.size(); ++i) s += (i ? "; " : "") + parts[i];
+  return s;
+}
+
+LoadResult ParameterSet::check(const std::map<std::string, Tensor>& state,
+                               const std::string& prefix) const {
+  LoadResult result;
+  for (const Parameter& p : params_) {
+    auto it = state.find(prefix + p.name);
+    if (it == state.end()) {
+      result.missing.push_back(prefix + p.name);
+      continue;
+    }
+    const Tensor& t = it->second;
+    if (t.shape() != p.shape)
+      result.misshaped.push_back(prefix + p.name + " (expected " + shape_to_string(p.shape) +
+                                 ", got " + t.shape_str() + ")");
+    else if (!dtype_is_floating(t.dtype()))
+      result.misshaped.push_back(prefix + p.name + " (dtype " + dtype_name(t.dtype()) +
+                                 " is not a float type)");
+  }
+  for (const auto& [key, t] : state) {
+    if (key.compare(0, prefix.size(), prefix) != 0) continue;
+    if (!contains(key.substr(prefix.size()))) result.unexpected.push_back(key);
+  }
+  return result;
+}
+
+LoadResult ParameterSet::load(const std::map<std::string, Tensor>& state, bool strict,
+                              const std::string& where, const std::string& prefix) {
+  LoadResult result = check(state, prefix);
+  const bool fatal = !result.misshaped.empty() ||
+                     (strict && (!result.missing.empty() || !result.unexpected.empty()));
+  if (fatal)
+    fail(ErrorCode::Weights, where,
+         strict ? describe_weight_problems(result.missing, result.unexpected, result.misshaped)
+                : describe_weight_problems({}, {}, result.misshaped));
+  // Everything checked: now convert and store (nothing changes when loading fails).
+  for (Parameter& p : params_) {
+    auto it = state.find(prefix + p.name);
+    if (it == state.end()) continue;
+    Tensor fresh = Tensor::empty(p.shape, p.value.dtype());
+    fresh.copy_from(it->second);
+    p.value = fresh;
+  }
+  return result;
+}
+
+std::map<std::string, Tensor> ParameterSet::state_dict(const std::string& prefix) const {
+  std::map<std::string, Tensor> out;
+  for (const Parameter& p : params_) out[prefix + p.name] = p.value;
+  return out;
+}
+
+// ---------------------------------------------------------------- initialisers
+
+static void fill(Tensor& t, Generator& gen, double (*draw)(Generator&, double, double), double a,
+                 double b) {
+  Tensor f = Tensor::empty(t.shape(), DType::F32);
+  float* p = f.data<float>();
+  for (int64_t i = 0; i < f.numel(); ++i) p[i] = static_cast<float>(draw(gen, a, b));
+  t.copy_from(f);
+}
+
+void init_uniform(Tensor& t, Generator& gen, double bound) {
+  fill(
+      t, gen, [](Generator& g, double lo, double hi) { return lo + (hi - lo) * g.uniform(); },
+      -bound, bound);
+}
+
+void init_xavier_uniform(Tensor& t, Generator& gen, int64_t fan_in, int64_t fan_out) {
+  init_uniform(t, gen, std::sqrt(6.0 / static_cast<double>(fan_in + fan_out)));
+}
+
+void init_xavier_normal(Tensor& t, Generator& gen, int64_t fan_in, int64_t fan_out) {
+  const double std = std::sqrt(2.0 / static_cast<double>(fan_in + fan_out));
+  fill(
+      t, gen, [](Generator& g, double s, double) { return s * g.normal(); }, std, 0.0);
+}
+
+void init_trunc_normal(Tensor& t, Generator& gen, double std) {
+  if (std == 0.0) {
+    t.copy_from(Tensor::zeros(t.shape(), t.dtype()));
+    return;
+  }
+  // Rejection sampling: 95.4% of draws land inside +-2 std, so ~1.05 draws per element.
+  fill(
+      t, gen,
+      [](Generator& g, double s, double) {
+        for (;;) {
+          const double x = g.normal();
+          if (std::abs(x) <= 2.0) return s * x;
+        }
+      },
+      std, 0.0);
+}
+
+void init_linear_weight(Tensor& w, Generator& gen, int64_t in_features) {
+  // kaiming_uniform_(a=sqrt(5)): gain sqrt(2/(1+5)), bound = gain*sqrt(3/fan_in) = 1/sqrt(fan_in).
+  init_uniform(w, gen, in_features > 0 ? 1.0 / std::sqrt(static_cast<double>(in_features)) : 0.0);
+}
+
+void init_linear_bias(Tensor& b, Generator& gen, int64_t in_features) {
+  init_uniform(b, gen, in_features > 0 ? 1.0 / std::sqrt(static_cast<double>(in_features)) : 0.0);
+}
+
+}  // namespace tessera

@@ -1,0 +1,70 @@
+// Named parameters of a layer, as PyTorch's state_dict names them, and the one loader that
+// checks a checkpoint against them (strict: every missing, unexpected and mis-shaped key in one
+// E_WEIGHTS error; non-strict: lists returned, mis-shaped still an error).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tessera {
+
+struct Parameter {
+  std::string name;   // "in_proj_weight", "q_proj.bias", ...
+  Shape shape;
+  Tensor value;       // contiguous, in the layer's parameter dtype
+  bool trainable = true;  // metadata only: inference never changes parameters
+};
+
+struct LoadResult {
+  std::vector<std::string> missing;     // declared, not in the checkpoint (left as they were)
+  std::vector<std::string> unexpected;  // in the checkpoint, not declared (ignored)
+  std::vector<std::string> misshaped;   // "key (expected [4, 4], got [4, 5])": always an error
+};
+
+class ParameterSet {
+ public:
+  // Declares a parameter (zero-filled until initialised or loaded).
+  Parameter& add(const std::string& name, const Shape& shape, DType dtype = DType::F32);
+  bool contains(const std::string& name) const;
+  Parameter* find(const std::string& name);
+  const Parameter* find(const std::string& name) const;
+  const Tensor& tensor(const std::string& name) const;  // E_INTERNAL when absent
+  Tensor& mutable_tensor(const std::string& name);
+  const std::vector<Parameter>& all() const { return params_; }
+  std::vector<Parameter>& all() { return params_; }
+  int64_t count() const;  // total number of elements
+
+  // `where` names the layer in messages ("n0 (attention)"). Keys are matched as
+  // prefix + parameter name. Stored F16/BF16/F64/F32 are converted to the parameter dtype; any
+  // other dtype is E_WEIGHTS. With strict, missing or unexpected keys are E_WEIGHTS too.
+  // What load() would report, without throwing or changing anything. Keys outside `prefix`
+  // are not this set's business and are not reported as unexpected (unless prefix is empty).
+  LoadResult check(const std::map<std::string, Tensor>& state, const std::string& prefix = "") const;
+  LoadResult load(const std::map<std::string, Tensor>& state, bool strict, const std::string& where,
+                  const std::string& prefix = "");
+  std::map<std::string, Tensor> state_dict(const std::string& prefix = "") const;
+
+ private:
+  std::vector<Parameter> params_;
+};
+
+// The E_WEIGHTS message listing every offending key: "missing: a, b; unexpected: c;
+// mis-shaped: d (expected [4, 4], got [4, 5])".
+std::string describe_weight_problems(const std::vector<std::string>& missing,
+                                     const std::vector<std::string>& unexpected,
+                                     const std::vector<std::string>& misshaped);
+
+// PyTorch-style initialisers (seeded; parity with PyTorch's random stream is not a goal).
+class Generator;
+void init_uniform(Tensor& t, Generator& gen, double bound);          // U(-bound, bound)
+void init_xavier_uniform(Tensor& t, Generator& gen, int64_t fan_in, int64_t fan_out);
+void init_xavier_normal(Tensor& t, Generator& gen, int64_t fan_in, int64_t fan_out);
+void init_trunc_normal(Tensor& t, Generator& gen, double std);       // truncated at +-2 std
+// nn.Linear's reset: weight kaiming_uniform(a=sqrt(5)) == U(+-1/sqrt(in)), bias U(+-1/sqrt(in)).
+void init_linear_weight(Tensor& w, Generator& gen, int64_t in_features);
+void init_linear_bias(Tensor& b, Generator& gen, int64_t in_features);
+
+}  // namespace tessera

@@ -1,0 +1,427 @@
+// The tessera command line as a user meets it (shared/docs/interfaces.md §3): the built binary
+// is run in a child process and its stdout, stderr and exit status are checked, for every
+// command, every error code and both failure exit statuses. Every committed example is run and
+// compared with its expected output.
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/random.h"
+#include "io/safetensors.h"
+
+using namespace tessera;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int status = -1;  // exit status; -1 when the child did not exit normally
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// Runs `binary` with `args`; stdout and stderr land in files, read back after the exit.
+Result run_binary(const std::string& binary, const std::vector<std::string>& args) {
+  const fs::path dir = fs::temp_directory_path();
+  const std::string out_path = (dir / ("tessera_cli_out_" + std::to_string(getpid()))).string();
+  const std::string err_path = (dir / ("tessera_cli_err_" + std::to_string(getpid()))).string();
+  const pid_t pid = fork();
+  BOOST_REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const int o = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (o < 0 || e < 0) _exit(127);
+    dup2(o, STDOUT_FILENO);
+    dup2(e, STDERR_FILENO);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(binary.c_str()));
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(binary.c_str(), argv.data());
+    _exit(127);
+  }
+  int wstatus = 0;
+  BOOST_REQUIRE(waitpid(pid, &wstatus, 0) == pid);
+  Result r;
+  r.status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
+  r.out = slurp(out_path);
+  r.err = slurp(err_path);
+  fs::remove(out_path);
+  fs::remove(err_path);
+  return r;
+}
+
+Result cli_run(const std::vector<std::string>& args) { return run_binary(TESSERA_CLI, args); }
+
+const std::string kSource = TESSERA_SOURCE_DIR;
+
+// A failed command: exit 2 (or 1), nothing on stdout, and exactly one stderr line that starts
+// with "tessera: error: E_CODE: " and contains `text`.
+void expect_failure(const Result& r, const std::string& code, const std::string& text,
+                    int status = 2) {
+  BOOST_TEST(r.status == status, "stderr: " << r.err);
+  BOOST_TEST(r.out.empty(), "stdout: " << r.out);
+  BOOST_TEST(std::count(r.err.begin(), r.err.end(), '\n') == 1, "stderr: " << r.err);
+  BOOST_TEST(r.err.starts_with("tessera: error: " + code + ": "), "stderr: " << r.err);
+  BOOST_TEST(r.err.find(text) != std::string::npos, "'" << r.err << "' lacks '" << text << "'");
+}
+
+// A scratch directory for one test case, removed afterwards.
+struct Scratch {
+  fs::path dir;
+  Scratch() {
+    std::string tmpl = (fs::temp_directory_path() / "tessera_cli_XXXXXX").string();
+    BOOST_REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+    dir = tmpl;
+  }
+  ~Scratch() { fs::remove_all(dir); }
+  std::string path(const std::string& name) const { return (dir / name).string(); }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(path(name), std::ios::binary) << text;
+    return path(name);
+  }
+};
+
+void save(const std::string& path, const std::map<std::string, Tensor>& tensors) {
+  save_safetensors(path, tensors);
+}
+
+Tensor randn(const Shape& shape, uint64_t seed) {
+  Generator gen(seed);
+  return Tensor::randn(shape, gen);
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  BOOST_REQUIRE(a.shape() == b.shape());
+  const auto av = a.to_double_vector(), bv = b.to_double_vector();
+  double m = 0;
+  for (size_t i = 0; i < av.size(); ++i) m = std::max(m, std::abs(av[i] - bv[i]));
+  return m;
+}
+
+const std::string kExample1 = kSource + "/examples/spec/example1.json";
+const std::string kEncoder = kSource + "/examples/encoder/encoder.safetensors";
+const std::string kEncoderJson = kSource + "/examples/encoder/encoder.json";
+const std::string kEncoderInput = kSource + "/examples/encoder/input.safetensors";
+const std::string kEncoderExpected = kSource + "/examples/encoder/expected.safetensors";
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(cli)
+
+// ---------------------------------------------------------------- help, version, usage errors
+
+BOOST_AUTO_TEST_CASE(help_and_version) {
+  Result r = cli_run({"--help"});
+  BOOST_TEST(r.status == 0);
+  BOOST_TEST(r.out.starts_with("usage: tessera <command>"));
+  BOOST_TEST(r.err.empty());
+  for (const char* cmd : {"run", "summary", "inspect", "bench"}) {
+    r = cli_run({cmd, "--help"});
+    BOOST_TEST(r.status == 0, cmd);
+    BOOST_TEST(r.out.find(std::string("tessera ") + cmd) != std::string::npos, r.out);
+    BOOST_TEST(r.err.empty());
+  }
+  BOOST_TEST(cli_run({"run", "--help"}).out.find("--non-strict") != std::string::npos);
+  BOOST_TEST(cli_run({"bench", "--help"}).out.find("--warmup") != std::string::npos);
+  r = cli_run({"--version"});
+  BOOST_TEST(r.status == 0);
+  BOOST_TEST(r.out.starts_with("tessera "));
+  BOOST_TEST(r.out.size() > 9u);
+  BOOST_TEST(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+}
+
+BOOST_AUTO_TEST_CASE(bad_command_lines_are_arg_errors) {
+  expect_failure(cli_run({}), "E_ARG", "tessera: no command given");
+  expect_failure(cli_run({"train"}), "E_ARG", "unknown command 'train'");
+  expect_failure(cli_run({"run", kExample1, "--frobnicate"}), "E_ARG", "run: ");
+  expect_failure(cli_run({"run", kExample1, "--output", "o.safetensors"}), "E_ARG",
+                 "run: missing --input IN.safetensors");
+  expect_failure(cli_run({"run", "--input", "a", "--output", "b"}), "E_ARG", "missing NET");
+  expect_failure(cli_run({"summary", kExample1, "extra"}), "E_ARG", "unexpected argument 'extra'");
+  expect_failure(cli_run({"run", kExample1, "--input", "i", "--output", "o", "--threads", "0"}),
+                 "E_ARG", "--threads: '0' is not an integer in [1, 4096]");
+  expect_failure(cli_run({"bench", kExample1, "--reps", "x"}), "E_ARG", "--reps: 'x'");
+  expect_failure(cli_run({"summary", kExample1, "--shape", "x2,8,32"}), "E_ARG",
+                 "--shape: 'x2,8,32' is not NAME=D0,D1,...");
+  expect_failure(cli_run({"summary", kExample1, "--shape", "x=2,,32"}), "E_ARG",
+                 "'' is not a dimension");
+  expect_failure(cli_run({"summary", kExample1, "--shape", "q=2,8,32"}), "E_ARG",
+                 "'q' is not a network input (inputs: x)");
+}
+
+// ---------------------------------------------------------------- summary
+
+BOOST_AUTO_TEST_CASE(summary_prints_the_contract_format) {
+  Result r = cli_run({"summary", kExample1});
+  BOOST_TEST(r.status == 0);
+  BOOST_TEST(r.err.empty());
+  BOOST_TEST(r.out ==
+             "Network: [B, 8, 32] -> [B, 8, 32] dtype=float32\n"
+             "index  name  operation  input shapes  output shapes\n"
+             "0      n0    attention  x=[B, 8, 32]  out=[B, 8, 32]\n"
+             "Parameters: 4,224\n");
+  r = cli_run({"summary", kExample1, "--shape", "x=3,8,32"});
+  BOOST_TEST(r.out.starts_with("Network: [3, 8, 32] -> [3, 8, 32] dtype=float32\n"));
+  // A checkpoint carrying its network is a NET too.
+  r = cli_run({"summary", kEncoder, "--shape", "x=2,16,64"});
+  BOOST_TEST(r.status == 0);
+  BOOST_TEST(r.out.starts_with("Network: [2, 16, 64] -> [2, 16, 64] dtype=float32\n"));
+  BOOST_TEST(r.out.ends_with("Parameters: 100,096\n"));
+}
+
+// ---------------------------------------------------------------- every error code
+
+BOOST_AUTO_TEST_CASE(every_error_code_and_exit_status) {
+  Scratch s;
+  auto net = [&](const std::string& name, const std::string& op, const std::string& args,
+                 const std::string& shape = R"(["B", 8, 32])",
+                 const std::string& dtype = "float32") {
+    return s.write(name, R"({"dtype": ")" + dtype + R"(", "inputs": {"x": )" + shape +
+                             R"(}, "nodes": [{"name": "n0", "op": ")" + op + R"(", "args": )" +
+                             args + R"(, "inputs": {"x": "x"}}], "outputs": {"y": "n0"}})");
+  };
+  const std::string good = net("good.json", "attention", R"({"heads": 4})");
+  const std::string in_path = s.path("in.safetensors");
+  save(in_path, {{"x", randn({2, 8, 32}, 1)}});
+
+  // E_CONSTRAINT: interfaces.md §3's example, verbatim.
+  Result r = cli_run({"summary", net("c.json", "attention", R"({"heads": 3})")});
+  expect_failure(r, "E_CONSTRAINT", "");
+  BOOST_TEST(r.err == "tessera: error: E_CONSTRAINT: n0 (attention): heads=3 must divide D=32\n");
+  // E_SHAPE: an input that does not fit.
+  const std::string bad_shape = s.path("bad_shape.safetensors");
+  save(bad_shape, {{"x", randn({2, 9, 32}, 1)}});
+  expect_failure(cli_run({"run", good, "--input", bad_shape, "--output", s.path("o.safetensors")}),
+                 "E_SHAPE", "input x: shape [2, 9, 32] does not fit [B, 8, 32]");
+  // E_DTYPE: an integer input.
+  const std::string ints = s.path("ints.safetensors");
+  save(ints, {{"x", Tensor::zeros({2, 8, 32}, DType::I32)}});
+  expect_failure(cli_run({"run", good, "--input", ints, "--output", s.path("o.safetensors")}),
+                 "E_DTYPE", "input x: dtype I32 is not accepted");
+  // E_ARG: unknown op; an input file lacking an input or carrying an extra tensor.
+  expect_failure(cli_run({"summary", net("u.json", "conv2d", "{}")}), "E_ARG",
+                 "n0 (conv2d): unknown op 'conv2d'");
+  const std::string extra = s.path("extra.safetensors");
+  save(extra, {{"x", randn({2, 8, 32}, 1)}, {"mask", randn({2}, 2)}});
+  expect_failure(cli_run({"run", good, "--input", extra, "--output", s.path("o.safetensors")}),
+                 "E_ARG", extra + ": tensor mask is not a network input (network inputs: x)");
+  const std::string none = s.path("none.safetensors");
+  save(none, {{"z", randn({2}, 2)}});
+  expect_failure(cli_run({"run", good, "--input", none, "--output", s.path("o.safetensors")}),
+                 "E_ARG", none + ": missing network input x; tensor z is not a network input");
+  // E_WEIGHTS: every offending key in one line.
+  const std::string w = s.path("w.safetensors");
+  save(w, {{"n0.q_proj.weight", randn({32, 32}, 3)},
+           {"n0.k_proj.weight", randn({32, 31}, 4)},
+           {"n0.extra", randn({1}, 5)}});
+  expect_failure(cli_run({"run", good, "--weights", w, "--input", in_path, "--output",
+                          s.path("o.safetensors")}),
+                 "E_WEIGHTS",
+                 w + ": missing: n0.q_proj.bias, n0.k_proj.bias, n0.v_proj.weight, "
+                     "n0.v_proj.bias, n0.o_proj.weight, n0.o_proj.bias; unexpected: n0.extra; "
+                     "mis-shaped: n0.k_proj.weight (expected [32, 32], got [32, 31])");
+  // E_FORMAT: JSON and safetensors, naming the file.
+  const std::string broken = s.write("broken.json", R"({"inputs": {"x": [1]}, "nodes": [)");
+  expect_failure(cli_run({"summary", broken}), "E_FORMAT", broken + ": not valid JSON");
+  const std::string junk =
+      s.write("junk.safetensors", std::string("\x10\0\0\0\0\0\0\0{\"a\":", 13));
+  expect_failure(cli_run({"inspect", junk}), "E_FORMAT", junk + ": ");
+  expect_failure(cli_run({"run", good, "--input", junk, "--output", s.path("o.safetensors")}),
+                 "E_FORMAT", junk + ": ");
+  // E_IO: a missing file, an output directory that does not exist.
+  expect_failure(cli_run({"summary", s.path("missing.json")}), "E_IO",
+                 s.path("missing.json") + ": cannot open");
+  expect_failure(
+      cli_run({"run", good, "--input", in_path, "--output", s.path("no/dir/o.safetensors")}),
+      "E_IO", "");
+  // E_UNSUPPORTED: a plan dtype tessera does not compute in.
+  expect_failure(cli_run({"summary", net("h.json", "gelu", "{}", "[2, 4]", "float16")}),
+                 "E_UNSUPPORTED", "dtype=float16 is not supported");
+  // Exit 1: an internal failure. 10^12 x 8 x 32 floats (10^15 bytes) exceed any address space
+  // here, so allocating the random input fails.
+  expect_failure(cli_run({"bench", good, "--shape", "x=1000000000000,8,32", "--reps", "1"}),
+                 "E_INTERNAL", "out of memory", 1);
+  BOOST_TEST(!fs::exists(s.path("o.safetensors")));
+}
+
+// ---------------------------------------------------------------- run
+
+BOOST_AUTO_TEST_CASE(every_example_matches_its_expected_output) {
+  // Each examples/<name>/ with an expected.safetensors holds <name>.safetensors (a checkpoint
+  // carrying its network), input.safetensors and, optionally, <name>.json (the same network).
+  // Tolerance: float32 against PyTorch's float32 forward, max |ours - torch| <= 1e-4; the
+  // encoder's outputs are O(1) (max 3.4), so this is ~3e-5 relative; observed ~1e-6.
+  Scratch s;
+  int examples = 0;
+  for (const auto& entry : fs::directory_iterator(kSource + "/examples")) {
+    const fs::path dir = entry.path();
+    if (!fs::exists(dir / "expected.safetensors")) continue;
+    const std::string name = dir.filename().string();
+    const std::string ckpt = (dir / (name + ".safetensors")).string();
+    const std::string input = (dir / "input.safetensors").string();
+    std::vector<std::vector<std::string>> runs = {{"run", ckpt, "--input", input}};
+    if (fs::exists(dir / (name + ".json")))
+      runs.push_back(
+          {"run", (dir / (name + ".json")).string(), "--weights", ckpt, "--input", input});
+    for (auto args : runs) {
+      const std::string out = s.path(name + "_out.safetensors");
+      args.insert(args.end(), {"--output", out});
+      const Result r = cli_run(args);
+      BOOST_TEST(r.status == 0, args[1] << ": " << r.err);
+      BOOST_TEST(r.out.empty());
+      BOOST_TEST(r.err.empty(), r.err);
+      const SafetensorsFile got = SafetensorsFile::open(out);
+      const SafetensorsFile want = SafetensorsFile::open((dir / "expected.safetensors").string());
+      BOOST_TEST(got.names() == want.names());
+      for (const std::string& t : want.names()) {
+        BOOST_TEST(got.info(t).dtype_name == "F32");
+        BOOST_TEST(max_abs_diff(got.tensor(t), want.tensor(t)) <= 1e-4, name << "/" << t);
+      }
+      // tessera-compare agrees (this is what scripts/run_example.sh shows).
+      const Result c = run_binary(TESSERA_COMPARE, {out, (dir / "expected.safetensors").string()});
+      BOOST_TEST(c.status == 0, c.out);
+      BOOST_TEST(c.out.find(": match") != std::string::npos);
+      ++examples;
+    }
+  }
+  BOOST_TEST(examples >= 2);
+}
+
+BOOST_AUTO_TEST_CASE(run_options_threads_dtypes_and_random_init) {
+  Scratch s;
+  const std::string out1 = s.path("o1.safetensors"), out2 = s.path("o2.safetensors");
+  Result r =
+      cli_run({"run", kEncoder, "--input", kEncoderInput, "--output", out1, "--threads", "1"});
+  BOOST_TEST(r.status == 0, r.err);
+  // Float16 input: converted; the result is that of the float32 values it holds.
+  const Tensor x16 = SafetensorsFile::open(kEncoderInput).tensor("x").to(DType::F16);
+  const std::string in16 = s.path("in16.safetensors"), in32 = s.path("in32.safetensors");
+  save(in16, {{"x", x16}});
+  save(in32, {{"x", x16.to(DType::F32)}});
+  BOOST_TEST(cli_run({"run", kEncoder, "--input", in16, "--output", out1}).status == 0);
+  BOOST_TEST(cli_run({"run", kEncoder, "--input", in32, "--output", out2}).status == 0);
+  BOOST_TEST(max_abs_diff(SafetensorsFile::open(out1).tensor("y"),
+                          SafetensorsFile::open(out2).tensor("y")) == 0.0);
+
+  // No weights anywhere: random init from --seed, with a warning; the seed decides the result.
+  const std::string in = s.path("in.safetensors");
+  save(in, {{"x", randn({2, 8, 32}, 1)}});
+  r = cli_run({"run", kExample1, "--input", in, "--output", out1, "--seed", "5"});
+  BOOST_TEST(r.status == 0);
+  BOOST_TEST(r.err == "tessera: warning: no weights given (no --weights, none stored in " +
+                          kExample1 + "): parameters initialised randomly from --seed 5\n");
+  BOOST_TEST(cli_run({"run", kExample1, "--input", in, "--output", out2, "--seed", "5"}).status ==
+             0);
+  BOOST_TEST(max_abs_diff(SafetensorsFile::open(out1).tensor("y"),
+                          SafetensorsFile::open(out2).tensor("y")) == 0.0);
+  BOOST_TEST(cli_run({"run", kExample1, "--input", in, "--output", out2, "--seed", "6"}).status ==
+             0);
+  BOOST_TEST(max_abs_diff(SafetensorsFile::open(out1).tensor("y"),
+                          SafetensorsFile::open(out2).tensor("y")) > 0.0);
+}
+
+BOOST_AUTO_TEST_CASE(non_strict_weights_warn_and_failures_print_only_the_error) {
+  Scratch s;
+  // The encoder's weights without b1_fc2.bias and with one stray key.
+  std::map<std::string, Tensor> state = SafetensorsFile::open(kEncoder).tensors();
+  std::map<std::string, Tensor> partial;
+  for (const auto& [k, v] : state)
+    if (k != "b1_fc2.bias") partial.emplace(k, v.clone());
+  partial.emplace("head.weight", randn({2}, 1));
+  const std::string w = s.path("partial.safetensors");
+  save_safetensors(w, partial);
+  const std::string out = s.path("o.safetensors");
+  Result r =
+      cli_run({"run", kEncoderJson, "--weights", w, "--input", kEncoderInput, "--output", out});
+  expect_failure(r, "E_WEIGHTS", w + ": missing: b1_fc2.bias; unexpected: head.weight");
+  r = cli_run({"run", kEncoderJson, "--weights", w, "--input", kEncoderInput, "--output", out,
+               "--non-strict"});
+  BOOST_TEST(r.status == 0);
+  BOOST_TEST(r.err == "tessera: warning: " + w +
+                          ": missing weights initialised from --seed 0: b1_fc2.bias\n"
+                          "tessera: warning: " +
+                          w + ": unexpected weights ignored: head.weight\n");
+  BOOST_TEST(SafetensorsFile::open(out).tensor("y").shape() == (Shape{2, 16, 64}));
+  // Non-strict still refuses a mis-shaped weight.
+  partial["b0_fc1.bias"] = randn({255}, 2);
+  save_safetensors(w, partial);
+  expect_failure(cli_run({"run", kEncoderJson, "--weights", w, "--input", kEncoderInput, "--output",
+                          out, "--non-strict"}),
+                 "E_WEIGHTS", "mis-shaped: b0_fc1.bias (expected [256], got [255])");
+  // A run that would warn but then fails prints its error line only.
+  const std::string bad = s.path("bad.safetensors");
+  save(bad, {{"x", randn({2, 16, 63}, 1)}});
+  expect_failure(cli_run({"run", kExample1, "--input", bad, "--output", out}), "E_SHAPE",
+                 "input x: shape [2, 16, 63] does not fit [B, 8, 32]");
+}
+
+BOOST_AUTO_TEST_CASE(failed_runs_leave_existing_output_intact) {
+  Scratch s;
+  const std::string out = s.path("o.safetensors");
+  const std::string precious = "previous contents of the output file";
+  s.write("o.safetensors", precious);
+  const std::string bad = s.path("bad.safetensors");
+  save(bad, {{"x", randn({2, 16, 63}, 1)}});
+  expect_failure(cli_run({"run", kEncoder, "--input", bad, "--output", out}), "E_SHAPE", "");
+  expect_failure(cli_run({"run", kEncoder, "--weights", s.path("nope.safetensors"), "--input",
+                          kEncoderInput, "--output", out}),
+                 "E_IO", "");
+  BOOST_TEST(slurp(out) == precious);
+  // A successful run replaces it whole, leaving no temporary file behind.
+  BOOST_TEST(cli_run({"run", kEncoder, "--input", kEncoderInput, "--output", out}).status == 0);
+  BOOST_TEST(SafetensorsFile::open(out).names() == std::vector<std::string>{"y"});
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(s.dir)) files += e.is_regular_file() ? 1 : 0;
+  BOOST_TEST(files == 2);  // bad.safetensors and o.safetensors
+}
+
+// ---------------------------------------------------------------- inspect and bench
+
+BOOST_AUTO_TEST_CASE(inspect_lists_tensors_and_metadata) {
+  const Result r = cli_run({"inspect", kEncoder});
+  BOOST_TEST(r.status == 0, r.err);
+  BOOST_TEST(r.out.find("tensors: 34\n") != std::string::npos);
+  // name, dtype, shape, bytes: 64 * 256 floats.
+  BOOST_TEST(r.out.find("b0_fc1.weight          F32    [256, 64]  65,536\n") != std::string::npos,
+             r.out);
+  BOOST_TEST(r.out.find("metadata: 2\nformat: pt\ntessera.network: {") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(bench_reports_times_and_json) {
+  Result r = cli_run(
+      {"bench", kEncoder, "--shape", "x=2,16,64", "--warmup", "1", "--reps", "3", "--json"});
+  BOOST_TEST(r.status == 0, r.err);
+  BOOST_TEST(r.err.empty(), r.err);  // stderr is not a terminal: no progress bar
+  const auto j = nlohmann::json::parse(r.out);
+  for (const char* key : {"median_ms", "min_ms", "max_ms", "gflops", "peak_rss_mb"}) {
+    BOOST_REQUIRE(j.contains(key));
+    BOOST_TEST(j[key].get<double>() > 0.0, key);
+  }
+  BOOST_TEST(j.size() == 5u);
+  BOOST_TEST(j["min_ms"].get<double>() <= j["median_ms"].get<double>());
+  BOOST_TEST(j["median_ms"].get<double>() <= j["max_ms"].get<double>());
+  r = cli_run({"bench", kEncoder, "--shape", "x=2,16,64", "--warmup", "0", "--reps", "2",
+               "--threads", "1"});
+  BOOST_TEST(r.status == 0);
+  BOOST_TEST(r.out.find("time: median ") != std::string::npos);
+  BOOST_TEST(r.out.find("GFLOP/s") != std::string::npos);
+  BOOST_TEST(r.out.find("peak RSS: ") != std::string::npos);
+  expect_failure(cli_run({"bench", kEncoder}), "E_ARG",
+                 "--shape: input x [B, T, 64] has open dims; give --shape x=D0,D1,...");
+}
+
+BOOST_AUTO_TEST_SUITE_END()

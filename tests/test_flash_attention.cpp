@@ -1,0 +1,525 @@
+// flash_attention_f32 (backends/cpu) against a scalar float64 reference, on every SIMD target
+// this CPU supports, through cpu::flash_attention_f32_dispatch.
+//
+// Tolerance: max |out - ref| <= 2e-6 * max(1, max |ref|) per case. Error budget: the exp is
+// 5.2e-7 relative (exp_nonpositive below bounds it by 6e-7), the weights' error enters the
+// output as ~|v| times that; float32 scores add ~1e-7 at the |score| <= 8 of the random cases.
+// The worst case measured uses 0.47 of the tolerance (logged per test case). Cases
+// with large scores use integer-valued q and k and power-of-two scales so the float32 scores
+// are exact and the comparison still means something at |score| = 1e4.
+//
+// Every case poisons the scratch with NaN (a read of scratch the kernel did not write turns the
+// row NaN) and the output's stride gaps and trailing rows with a sentinel (a stray write fails).
+#include <hwy/highway.h>
+#include <hwy/targets.h>
+
+#include <algorithm>
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/flash_attention.h"
+#include "core/kernels.h"
+
+namespace tessera {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kSentinel = 12345.5f;
+
+// Compiled targets this CPU runs, best first.
+std::vector<int64_t> Targets() {
+  std::vector<int64_t> out;
+  const int64_t all = hwy::SupportedTargets() & HWY_TARGETS;
+  for (int64_t bit = 1; bit != 0 && bit <= all; bit <<= 1)
+    if (all & bit) out.push_back(bit);
+  return out;
+}
+
+// Worst error / tolerance seen per target in the current test case, logged when it ends (so
+// the log shows the margin, not just a pass).
+std::map<int64_t, double>& WorstRatio() {
+  static std::map<int64_t, double> worst;
+  return worst;
+}
+struct LogWorstError {
+  ~LogWorstError() {
+    std::ostringstream os;
+    for (const auto& [target, ratio] : WorstRatio())
+      os << " " << hwy::TargetName(target) << " " << ratio;
+    BOOST_TEST_MESSAGE("worst error / tolerance:" << os.str());
+    WorstRatio().clear();
+  }
+};
+
+// Restores hwy's own target choice when a test ends, also on failure.
+struct TargetReset {
+  ~TargetReset() { hwy::SetSupportedTargetsForTest(0); }
+};
+
+struct Problem {
+  int64_t rows = 1, kv_len = 1, d = 8, dv = 8, q_pos0 = 0;
+  bool causal = false;
+  float scale = 1.0f;
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0, out_stride = 0, mask_stride = 0;
+  bool has_mask = false;
+  std::vector<float> q, k, v, mask;  // mask: rows (or 1 when mask_stride == 0) x mask_stride
+
+  // Strides larger than the widths, by odd amounts.
+  void Shape(int64_t rows_, int64_t kv_, int64_t d_, int64_t dv_) {
+    rows = rows_;
+    kv_len = kv_;
+    d = d_;
+    dv = dv_;
+    q_stride = d + 3;
+    k_stride = d + 5;
+    v_stride = dv + 7;
+    out_stride = dv + 2;
+    q.assign(static_cast<size_t>(rows * q_stride), kSentinel);
+    k.assign(static_cast<size_t>(std::max<int64_t>(kv_len, 1) * k_stride), kSentinel);
+    v.assign(static_cast<size_t>(std::max<int64_t>(kv_len, 1) * v_stride), kSentinel);
+  }
+  float& Q(int64_t r, int64_t i) { return q[static_cast<size_t>(r * q_stride + i)]; }
+  float& K(int64_t s, int64_t i) { return k[static_cast<size_t>(s * k_stride + i)]; }
+  float& V(int64_t s, int64_t i) { return v[static_cast<size_t>(s * v_stride + i)]; }
+  float& M(int64_t r, int64_t s) { return mask[static_cast<size_t>(r * mask_stride + s)]; }
+
+  void Random(std::mt19937& rng) {
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < d; ++i) Q(r, i) = u(rng);
+    for (int64_t s = 0; s < kv_len; ++s) {
+      for (int64_t i = 0; i < d; ++i) K(s, i) = u(rng);
+      for (int64_t i = 0; i < dv; ++i) V(s, i) = u(rng);
+    }
+  }
+  // An additive mask, [rows, kv_len] with row stride kv_len + 3, or one row (stride 0).
+  void Mask(bool one_row) {
+    has_mask = true;
+    mask_stride = one_row ? 0 : kv_len + 3;
+    mask.assign(static_cast<size_t>((one_row ? 1 : rows) * (kv_len + 3)), kSentinel);
+    for (int64_t r = 0; r < (one_row ? 1 : rows); ++r)
+      for (int64_t s = 0; s < kv_len; ++s) mask[static_cast<size_t>(r * (kv_len + 3) + s)] = 0.0f;
+  }
+
+  std::string Describe() const {
+    std::ostringstream os;
+    os << "rows=" << rows << " kv_len=" << kv_len << " d=" << d << " dv=" << dv
+       << " q_pos0=" << q_pos0 << " causal=" << causal << " scale=" << scale
+       << " mask=" << (has_mask ? (mask_stride == 0 ? "one-row" : "full") : "none");
+    return os.str();
+  }
+};
+
+// Float64 reference: [rows][dv], NaN rows where a visible score is NaN.
+std::vector<double> Reference(Problem& p) {
+  std::vector<double> out(static_cast<size_t>(p.rows * p.dv), 0.0);
+  std::vector<double> score(static_cast<size_t>(std::max<int64_t>(p.kv_len, 1)));
+  for (int64_t r = 0; r < p.rows; ++r) {
+    int64_t visible = p.kv_len;
+    if (p.causal) visible = std::clamp<int64_t>(p.q_pos0 + r + 1, 0, p.kv_len);
+    double mx = -INFINITY;
+    bool nan = false;
+    for (int64_t s = 0; s < visible; ++s) {
+      double dot = 0.0;
+      for (int64_t i = 0; i < p.d; ++i) dot += static_cast<double>(p.Q(r, i)) * p.K(s, i);
+      double x = static_cast<double>(p.scale) * dot;
+      if (p.has_mask) x += p.mask_stride == 0 ? p.mask[static_cast<size_t>(s)] : p.M(r, s);
+      score[static_cast<size_t>(s)] = x;
+      nan |= std::isnan(x);
+      mx = std::max(mx, x);
+    }
+    double* o = out.data() + r * p.dv;
+    if (nan) {
+      std::fill(o, o + p.dv, NAN);
+      continue;
+    }
+    if (visible == 0 || mx == -INFINITY) continue;  // zeros
+    double sum = 0.0;
+    for (int64_t s = 0; s < visible; ++s) {
+      const double e = std::exp(score[static_cast<size_t>(s)] - mx);  // NaN if mx = +inf
+      sum += e;
+      for (int64_t i = 0; i < p.dv; ++i) o[i] += e * p.V(s, i);
+    }
+    for (int64_t i = 0; i < p.dv; ++i) o[i] /= sum;
+  }
+  return out;
+}
+
+struct AlignedFree {
+  void operator()(float* p) const { std::free(p); }
+};
+
+// Runs the kernel on the current target; returns [rows + 2][out_stride] with sentinels.
+std::vector<float> Run(Problem& p) {
+  const int64_t floats = cpu::flash_attention_scratch_floats_cpu(p.rows, p.d, p.dv);
+  const size_t bytes = static_cast<size_t>((floats * 4 + 63) / 64 * 64 + 64);
+  std::unique_ptr<float, AlignedFree> scratch(static_cast<float*>(std::aligned_alloc(64, bytes)));
+  std::fill(scratch.get(), scratch.get() + bytes / 4, kNaN);
+  std::vector<float> out(static_cast<size_t>((p.rows + 2) * p.out_stride), kSentinel);
+  FlashAttentionTile t;
+  t.rows = p.rows;
+  t.q_pos0 = p.q_pos0;
+  t.kv_len = p.kv_len;
+  t.head_dim = p.d;
+  t.v_head_dim = p.dv;
+  t.scale = p.scale;
+  t.q = p.q.data();
+  t.q_stride = p.q_stride;
+  t.k = p.k.data();
+  t.k_stride = p.k_stride;
+  t.v = p.v.data();
+  t.v_stride = p.v_stride;
+  t.mask = p.has_mask ? p.mask.data() : nullptr;
+  t.mask_stride = p.mask_stride;
+  t.causal = p.causal;
+  t.out = out.data();
+  t.out_stride = p.out_stride;
+  t.scratch = scratch.get();
+  cpu::flash_attention_f32_dispatch(t);
+  return out;
+}
+
+// Runs p on every target and compares with the reference; one failure message per target.
+void Check(Problem& p) {
+  const std::vector<double> ref = Reference(p);
+  double ref_max = 0.0;
+  for (const double x : ref)
+    if (!std::isnan(x)) ref_max = std::max(ref_max, std::fabs(x));
+  const double tol = 2e-6 * std::max(1.0, ref_max);
+  TargetReset reset;
+  for (const int64_t target : Targets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    const std::vector<float> out = Run(p);
+    double err = 0.0;
+    std::string problem;
+    for (int64_t r = 0; r < p.rows + 2 && problem.empty(); ++r) {
+      for (int64_t i = 0; i < p.out_stride; ++i) {
+        const float got = out[static_cast<size_t>(r * p.out_stride + i)];
+        if (r >= p.rows || i >= p.dv) {
+          if (got != kSentinel) problem = "wrote outside the output at row " + std::to_string(r);
+          continue;
+        }
+        const double want = ref[static_cast<size_t>(r * p.dv + i)];
+        if (std::isnan(want) != std::isnan(got)) {
+          problem = "NaN mismatch at row " + std::to_string(r) + " col " + std::to_string(i) +
+                    ": got " + std::to_string(got) + ", want " + std::to_string(want);
+          break;
+        }
+        if (!std::isnan(want)) err = std::max(err, std::fabs(got - want));
+      }
+    }
+    double& worst = WorstRatio()[target];
+    worst = std::max(worst, err / tol);
+    if (problem.empty() && !(err <= tol)) {
+      problem = "max abs error " + std::to_string(err) + " > " + std::to_string(tol);
+    }
+    BOOST_TEST(problem.empty(), hwy::TargetName(target) << ": " << p.Describe() << ": " << problem);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE(flash_attention)
+
+BOOST_AUTO_TEST_CASE(targets_reach_the_kernel) {
+  const std::vector<int64_t> targets = Targets();
+  TargetReset reset;
+  std::string names;
+  for (const int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    // The library's Highway files dispatch from the same target list as this one.
+    BOOST_TEST(cpu::dispatched_target() == target, hwy::TargetName(target));
+    names += std::string(" ") + hwy::TargetName(target);
+  }
+  BOOST_TEST_MESSAGE("flash_attention: testing targets" << names);
+  BOOST_TEST(targets.size() >= 2u);
+}
+
+// Every row count through two row blocks and one (rows 1..65 covers 2N+1 for N = 16, 8, 4, 1),
+// key counts around the 32-key block, causal or not, d = 64 and an odd d.
+BOOST_AUTO_TEST_CASE(tile_edges) {
+  LogWorstError log;
+  std::mt19937 rng(1);
+  for (const auto& [d, dv] : {std::pair<int64_t, int64_t>{64, 64}, {17, 24}}) {
+    for (const int64_t kv : {0, 1, 7, 31, 32, 33, 63, 64, 65, 97}) {
+      for (int64_t rows = 1; rows <= 65; ++rows) {
+        for (const bool causal : {false, true}) {
+          Problem p;
+          p.Shape(rows, kv, d, dv);
+          p.Random(rng);
+          p.causal = causal;
+          p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+          Check(p);
+        }
+      }
+    }
+  }
+}
+
+// Panels of 256 rows: tiles past one panel, and long key ranges.
+BOOST_AUTO_TEST_CASE(panels_and_long_keys) {
+  LogWorstError log;
+  std::mt19937 rng(2);
+  for (const int64_t rows : {127, 200, 255, 256, 257, 530}) {
+    for (const int64_t kv : {129, 300}) {
+      for (const bool causal : {false, true}) {
+        Problem p;
+        p.Shape(rows, kv, 64, 64);
+        p.Random(rng);
+        p.causal = causal;
+        p.scale = 0.125f;
+        Check(p);
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(head_dims) {
+  LogWorstError log;
+  std::mt19937 rng(3);
+  const std::pair<int64_t, int64_t> dims[] = {{1, 1},   {8, 8},   {16, 16},   {33, 33},
+                                              {64, 64}, {80, 80}, {128, 128}, {64, 80},
+                                              {80, 64}, {16, 33}, {33, 7},    {128, 1}};
+  for (const auto& [d, dv] : dims) {
+    for (const int64_t rows : {1, 5, 17, 33, 64}) {
+      for (const int64_t kv : {1, 33, 70}) {
+        for (const bool causal : {false, true}) {
+          Problem p;
+          p.Shape(rows, kv, d, dv);
+          p.Random(rng);
+          p.causal = causal;
+          p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+          Check(p);
+        }
+      }
+    }
+  }
+}
+
+// Peaky rows (scale 1 on d = 64: scores up to ~8) and rows whose max grows key block after key
+// block, so the running max, alpha and the rescale of O all move.
+BOOST_AUTO_TEST_CASE(online_rescale) {
+  LogWorstError log;
+  std::mt19937 rng(4);
+  for (const int64_t kv : {64, 200}) {
+    Problem p;
+    p.Shape(40, kv, 64, 64);
+    p.Random(rng);
+    p.scale = 1.0f;
+    Check(p);
+    // Increasing scores along s: every key block raises the max.
+    p.Mask(false);
+    for (int64_t r = 0; r < p.rows; ++r)
+      for (int64_t s = 0; s < kv; ++s) p.M(r, s) = 0.05f * static_cast<float>(s);
+    Check(p);
+    // Decreasing: the first block holds the max, no rescale after it.
+    for (int64_t r = 0; r < p.rows; ++r)
+      for (int64_t s = 0; s < kv; ++s) p.M(r, s) = -0.05f * static_cast<float>(s);
+    Check(p);
+  }
+}
+
+// Causal with the query tile starting past key 0, and with fewer keys than q_pos0 + rows (the
+// last rows see every key, or none when kv_len is 0).
+BOOST_AUTO_TEST_CASE(causal_offsets) {
+  LogWorstError log;
+  std::mt19937 rng(5);
+  for (const int64_t q_pos0 : {1, 5, 31, 32, 40, 100}) {
+    for (const int64_t rows : {1, 9, 33, 64, 130}) {
+      for (const int64_t kv : {int64_t{0}, int64_t{1}, int64_t{20}, q_pos0 + rows,
+                               q_pos0 + rows / 2, q_pos0 + rows + 7}) {
+        Problem p;
+        p.Shape(rows, kv, 32, 40);
+        p.Random(rng);
+        p.causal = true;
+        p.q_pos0 = q_pos0;
+        p.scale = 0.2f;
+        Check(p);
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(masks) {
+  LogWorstError log;
+  std::mt19937 rng(6);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  std::bernoulli_distribution masked(0.3);
+  for (const int64_t rows : {1, 7, 32, 33, 70}) {
+    for (const int64_t kv : {1, 31, 45, 96, 100}) {
+      for (const bool causal : {false, true}) {
+        for (const bool one_row : {false, true}) {
+          Problem p;
+          p.Shape(rows, kv, 24, 24);
+          p.Random(rng);
+          p.causal = causal;
+          p.scale = 0.3f;
+          p.Mask(one_row);
+          for (int64_t r = 0; r < (one_row ? 1 : rows); ++r)
+            for (int64_t s = 0; s < kv; ++s) p.M(r, s) = masked(rng) ? -kInf : u(rng);
+          Check(p);
+        }
+      }
+    }
+  }
+}
+
+// Rows with every key masked get zeros (never NaN), alone, next to live rows, and with the
+// causal cut; key blocks masked for every row of a row block are skipped without changing the
+// result; a row that sees only its last key block.
+BOOST_AUTO_TEST_CASE(fully_masked) {
+  LogWorstError log;
+  std::mt19937 rng(7);
+  for (const int64_t rows : {1, 20, 40}) {
+    for (const int64_t kv : {1, 32, 80}) {
+      for (const bool causal : {false, true}) {
+        Problem p;
+        p.Shape(rows, kv, 16, 16);
+        p.Random(rng);
+        p.causal = causal;
+        p.Mask(false);
+        for (int64_t r = 0; r < rows; r += 3)
+          for (int64_t s = 0; s < kv; ++s) p.M(r, s) = -kInf;
+        Check(p);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t s = 0; s < kv; ++s) p.M(r, s) = -kInf;
+        Check(p);
+        // Keys 32..63 masked for every row (a whole skipped block); row 1 sees only the keys
+        // from 64 on (none in its causal range: zeros).
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t s = 0; s < kv; ++s) p.M(r, s) = (s >= 32 && s < 64) ? -kInf : 0.0f;
+        if (rows > 1)
+          for (int64_t s = 0; s < std::min<int64_t>(kv, 64); ++s) p.M(1, s) = -kInf;
+        Check(p);
+      }
+    }
+  }
+  // One shared mask row (stride 0) masking everything.
+  Problem p;
+  p.Shape(37, 50, 16, 16);
+  p.Random(rng);
+  p.Mask(true);
+  for (int64_t s = 0; s < 50; ++s) p.M(0, s) = -kInf;
+  Check(p);
+}
+
+// Scores of +-80 and +-1e4 after the scale: no overflow, no NaN, same result. q and k are small
+// integers and the scales powers of two, so every float32 score is exact.
+BOOST_AUTO_TEST_CASE(large_magnitudes) {
+  LogWorstError log;
+  std::mt19937 rng(8);
+  std::uniform_int_distribution<int> small(-4, 4);
+  for (const float scale : {0.25f, 0.5f, 16.0f, 64.0f}) {
+    for (const bool causal : {false, true}) {
+      Problem p;
+      p.Shape(45, 90, 64, 32);
+      p.Random(rng);
+      for (int64_t r = 0; r < p.rows; ++r)
+        for (int64_t i = 0; i < p.d; ++i) p.Q(r, i) = static_cast<float>(small(rng));
+      for (int64_t s = 0; s < p.kv_len; ++s)
+        for (int64_t i = 0; i < p.d; ++i) p.K(s, i) = static_cast<float>(small(rng));
+      p.scale = scale;
+      p.causal = causal;
+      Check(p);
+      // Same magnitudes from the mask, with -inf mixed in.
+      p.Mask(false);
+      for (int64_t r = 0; r < p.rows; ++r)
+        for (int64_t s = 0; s < p.kv_len; ++s)
+          p.M(r, s) =
+              (r + s) % 5 == 0 ? -kInf : static_cast<float>((r * 7 + s * 3) % 11 - 5) * 1e3f;
+      Check(p);
+    }
+  }
+}
+
+// A NaN score makes its row NaN, whether it comes from q, k or the mask, wherever it sits in
+// the key blocks, also in a row whose other scores are all -inf; a NaN in a key a row does not
+// see (causal) leaves that row alone.
+BOOST_AUTO_TEST_CASE(nan_propagation) {
+  LogWorstError log;
+  std::mt19937 rng(9);
+  for (const int64_t nan_key : {0, 5, 31, 32, 69}) {
+    for (const bool causal : {false, true}) {
+      Problem p;
+      p.Shape(40, 70, 16, 16);
+      p.Random(rng);
+      p.causal = causal;
+      p.scale = 0.25f;
+      p.K(nan_key, 3) = kNaN;  // every row that sees nan_key turns NaN
+      Check(p);
+      p.K(nan_key, 3) = 0.5f;
+      p.Q(7, 0) = kNaN;  // row 7 only
+      Check(p);
+      p.Q(7, 0) = 0.5f;
+      p.Mask(false);
+      p.M(3, nan_key) = kNaN;  // row 3 if it sees nan_key
+      p.M(9, nan_key) = kNaN;
+      for (int64_t s = 0; s < p.kv_len; ++s)
+        if (s != nan_key) p.M(9, s) = -kInf;  // row 9: NaN among -inf
+      Check(p);
+    }
+  }
+}
+
+// The softmax exp on its own: relative error over [-87.3, 0], exact 1 at 0 (the rescale skip
+// relies on alpha == 1 exactly), 0 at and below the normal range, 0 for -inf, NaN for NaN.
+BOOST_AUTO_TEST_CASE(exp_nonpositive) {
+  TargetReset reset;
+  std::vector<float> x;
+  for (int i = 0; i <= 2000000; ++i) x.push_back(-87.33f * static_cast<float>(i) / 2000000.0f);
+  for (float y = -1e-30f; y > -1e-2f; y *= 1.7f) x.push_back(y);  // tiny arguments
+  const size_t n_rel = x.size();
+  for (float y = -87.34f; y > -105.0f; y -= 0.01f) x.push_back(y);
+  x.push_back(-1e4f);
+  x.push_back(-kInf);
+  x.push_back(kNaN);
+  std::vector<float> y(x.size());
+  for (const int64_t target : Targets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    std::fill(y.begin(), y.end(), kSentinel);
+    cpu::exp_nonpositive_f32(static_cast<int64_t>(x.size()), x.data(), y.data());
+    double worst = 0.0;
+    float worst_x = 0.0f;
+    for (size_t i = 0; i < n_rel; ++i) {
+      const double want = std::exp(static_cast<double>(x[i]));
+      const double rel = std::fabs(y[i] - want) / want;
+      if (rel > worst) {
+        worst = rel;
+        worst_x = x[i];
+      }
+    }
+    BOOST_TEST_MESSAGE("exp_nonpositive " << hwy::TargetName(target) << ": max relative error "
+                                          << worst << " at x = " << worst_x);
+    BOOST_TEST(worst <= 6e-7, hwy::TargetName(target) << ": " << worst << " at " << worst_x);
+    BOOST_TEST(y[0] == 1.0f, hwy::TargetName(target));
+    bool under_ok = true;
+    for (size_t i = n_rel; i + 1 < x.size(); ++i) under_ok &= y[i] >= 0.0f && y[i] <= 1.2e-38f;
+    BOOST_TEST(under_ok, hwy::TargetName(target) << ": exp below -87.34 not in [0, 1.2e-38]");
+    BOOST_TEST(y[x.size() - 2] == 0.0f, hwy::TargetName(target) << ": exp(-inf)");
+    BOOST_TEST(std::isnan(y[x.size() - 1]), hwy::TargetName(target) << ": exp(NaN)");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(scratch_size) {
+  // Bounded by the 256-row panel: the same for 256 rows and 10^6, and well inside L2.
+  BOOST_TEST(cpu::flash_attention_scratch_floats_cpu(256, 64, 64) ==
+             cpu::flash_attention_scratch_floats_cpu(1000000, 64, 64));
+  BOOST_TEST(cpu::flash_attention_scratch_floats_cpu(1, 64, 64) <
+             cpu::flash_attention_scratch_floats_cpu(256, 64, 64));
+  BOOST_TEST(cpu::flash_attention_scratch_floats_cpu(1000000, 64, 64) * 4 <= 160 * 1024);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+}  // namespace
+}  // namespace tessera
