@@ -3,6 +3,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <numeric>
 
@@ -246,6 +247,27 @@ BOOST_AUTO_TEST_CASE(wrap_keeps_owner_alive) {
   BOOST_TEST(view.at<float>({2, 1}) == 6.0f);
   view = Tensor();
   BOOST_TEST(weak.expired());
+}
+
+BOOST_AUTO_TEST_CASE(large_blocks_are_reused) {
+  // Blocks >= 1 MiB are cached on free so repeated forwards do not fault in fresh pages.
+  Device& dev = cpu_device();
+  const size_t bytes = size_t{6} << 20;
+  void* a = dev.allocate(bytes);
+  BOOST_TEST(reinterpret_cast<uintptr_t>(a) % 64 == 0);
+  std::memset(a, 1, bytes);
+  dev.deallocate(a);
+  void* b = dev.allocate(bytes - 4096);  // a slightly smaller request reuses the block
+  BOOST_TEST(a == b);
+  void* c = dev.allocate(bytes);  // the block is taken: a fresh one
+  BOOST_TEST(c != b);
+  std::memset(c, 2, bytes);
+  dev.deallocate(b);
+  dev.deallocate(c);
+  void* d = dev.allocate(size_t{64} << 20);  // nothing cached that large: fresh
+  BOOST_TEST(d != a);
+  BOOST_TEST(d != c);
+  dev.deallocate(d);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
