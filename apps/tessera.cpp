@@ -189,50 +189,22 @@ void apply_threads(const Command& cmd) {
 
 // ------------------------------------------------------------------ models
 
-// A checkpoint's tensors as a state dict; tensors tessera cannot read as numbers (F8_E4M3, U16,
-// ...) are listed apart so the weight check can name them.
-void read_state(const SafetensorsFile& file, std::map<std::string, Tensor>& state,
-                std::map<std::string, std::string>& unusable) {
-  for (const std::string& name : file.names()) {
-    const SafetensorsTensorInfo& info = file.info(name);
-    if (info.computable())
-      state.emplace(name, file.tensor(name));
-    else
-      unusable.emplace(name, info.dtype_name);
-  }
-}
-
-// NET (with its stored weights, or --weights) as a ready Model.
-Model load_model(const std::string& net_path, const std::optional<std::string>& weights_path,
-                 bool strict, uint64_t seed) {
-  std::optional<SafetensorsFile> checkpoint;
-  const NetworkSpec spec = load_network(net_path, &checkpoint);
-  Model model(spec, seed);
-  std::optional<SafetensorsFile> weights;
-  const SafetensorsFile* source = nullptr;
-  if (weights_path) {
-    weights.emplace(SafetensorsFile::open(*weights_path));
-    source = &*weights;
-  } else if (checkpoint && checkpoint->size() > 0) {
-    source = &*checkpoint;
-  }
+// NET (with its stored weights, or --weights) as a ready Model; what a non-strict load skipped,
+// or the absence of any weights, becomes a warning.
+Model load_net(const std::string& net_path, const std::optional<std::string>& weights_path,
+             bool strict, uint64_t seed) {
+  LoadedModel loaded = tessera::load_model(net_path, weights_path, strict, seed);
   const std::string seed_text = std::to_string(seed);
-  if (source) {
-    std::map<std::string, Tensor> state;
-    std::map<std::string, std::string> unusable;
-    read_state(*source, state, unusable);
-    const WeightsReport report = model.load_weights(state, strict, source->path(), unusable);
-    if (!report.missing.empty())
-      g_warnings.push_back(source->path() + ": missing weights initialised from --seed " +
-                           seed_text + ": " + join(report.missing));
-    if (!report.unexpected.empty())
-      g_warnings.push_back(source->path() +
-                           ": unexpected weights ignored: " + join(report.unexpected));
-  } else if (model.parameter_count() > 0) {
+  if (!loaded.report.missing.empty())
+    g_warnings.push_back(loaded.weights + ": missing weights initialised from --seed " +
+                         seed_text + ": " + join(loaded.report.missing));
+  if (!loaded.report.unexpected.empty())
+    g_warnings.push_back(loaded.weights +
+                         ": unexpected weights ignored: " + join(loaded.report.unexpected));
+  if (loaded.weights.empty() && loaded.model.parameter_count() > 0)
     g_warnings.push_back("no weights given (no --weights, none stored in " + net_path +
                          "): parameters initialised randomly from --seed " + seed_text);
-  }
-  return model;
+  return std::move(loaded.model);
 }
 
 // ------------------------------------------------------------------ run
@@ -266,7 +238,7 @@ int cmd_run(int argc, char** argv) {
   const uint64_t seed = cmd.integer("seed", 0, 0, UINT64_MAX);
   apply_threads(cmd);
 
-  Model model = load_model(net, cmd.optional("weights"), !cmd.has("non-strict"), seed);
+  Model model = load_net(net, cmd.optional("weights"), !cmd.has("non-strict"), seed);
   const NetworkSpec& spec = model.network().spec();
 
   const SafetensorsFile in = SafetensorsFile::open(input);
@@ -445,11 +417,9 @@ int cmd_bench(int argc, char** argv) {
   const uint64_t reps = cmd.integer("reps", 20, 1, 1'000'000);
   apply_threads(cmd);
 
-  Model model = load_model(net, cmd.optional("weights"), true, 0);
+  Model model = load_net(net, cmd.optional("weights"), true, 0);
   // The shapes --shape gives, checked against the network (symbols, spatial grids).
   const Network bound = Network::resolve(model.network().spec(), shapes);
-  Generator gen(0);
-  std::map<std::string, Tensor> inputs;
   std::map<std::string, TensorDesc> descs;
   std::vector<std::string> shape_text;
   for (size_t i = 0; i < bound.inputs().size(); ++i) {
@@ -459,14 +429,20 @@ int cmd_bench(int argc, char** argv) {
            "input " + v.name + " " + sym_shape_to_string(v.type.shape) +
                " has open dims; give --shape " + v.name + "=D0,D1,...");
     const Shape shape = concrete_shape(v.type.shape);
-    // Masks keep everything (false), so every run does the full work.
-    Tensor t =
-        v.type.dtype == DType::Bool ? Tensor::zeros(shape, DType::Bool) : Tensor::randn(shape, gen);
-    descs[v.name] = TensorDesc{shape, t.dtype()};
-    inputs.emplace(v.name, std::move(t));
+    descs[v.name] = TensorDesc{shape, v.type.dtype == DType::Bool ? DType::Bool : DType::F32};
     shape_text.push_back(v.name + "=" + shape_to_string(shape));
   }
+  // The plan first: it refuses shapes over the memory budget before the inputs are made.
   Plan plan(model, descs);
+  Generator gen(0);
+  std::map<std::string, Tensor> inputs;
+  for (size_t i = 0; i < bound.inputs().size(); ++i) {
+    const NetworkValue& v = bound.values()[static_cast<size_t>(bound.inputs()[i])];
+    const TensorDesc& d = descs.at(v.name);
+    // Masks keep everything (false), so every run does the full work.
+    inputs.emplace(v.name, d.dtype == DType::Bool ? Tensor::zeros(d.shape, DType::Bool)
+                                                  : Tensor::randn(d.shape, gen));
+  }
 
   ProgressBar warm("warm-up", warmup);
   for (uint64_t i = 0; i < warmup; ++i) {

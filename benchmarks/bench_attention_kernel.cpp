@@ -17,6 +17,9 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include "benchmarks/fma_loop-inl.h"
+#include "benchmarks/force_target.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -27,53 +30,13 @@
 #include <string>
 #include <vector>
 
-HWY_BEFORE_NAMESPACE();
-namespace tessera::bench::HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
-
-// 12 independent FMA chains: covers a 4-cycle FMA latency at 2 FMAs per cycle with margin
-// (8 would just cover it). `seed` is opaque to the compiler, and the sum of the accumulators
-// is returned, so nothing folds away. Returns FLOPs done.
-double FmaPeakProbe(int64_t iters, float seed, float* sink) {
-  const hn::ScalableTag<float> d;
-  using V = hn::Vec<decltype(d)>;
-  V a0 = hn::Set(d, seed), a1 = hn::Set(d, seed * 2), a2 = hn::Set(d, seed * 3);
-  V a3 = hn::Set(d, seed * 4), a4 = hn::Set(d, seed * 5), a5 = hn::Set(d, seed * 6);
-  V a6 = hn::Set(d, seed * 7), a7 = hn::Set(d, seed * 8), a8 = hn::Set(d, seed * 9);
-  V a9 = hn::Set(d, seed * 10), a10 = hn::Set(d, seed * 11), a11 = hn::Set(d, seed * 12);
-  const V m = hn::Set(d, 0.999999f), c = hn::Set(d, 1e-7f);
-  for (int64_t i = 0; i < iters; ++i) {
-    a0 = hn::MulAdd(a0, m, c);
-    a1 = hn::MulAdd(a1, m, c);
-    a2 = hn::MulAdd(a2, m, c);
-    a3 = hn::MulAdd(a3, m, c);
-    a4 = hn::MulAdd(a4, m, c);
-    a5 = hn::MulAdd(a5, m, c);
-    a6 = hn::MulAdd(a6, m, c);
-    a7 = hn::MulAdd(a7, m, c);
-    a8 = hn::MulAdd(a8, m, c);
-    a9 = hn::MulAdd(a9, m, c);
-    a10 = hn::MulAdd(a10, m, c);
-    a11 = hn::MulAdd(a11, m, c);
-  }
-  const V s = hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)),
-                      hn::Add(hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)),
-                              hn::Add(hn::Add(a8, a9), hn::Add(a10, a11))));
-  *sink = hn::GetLane(hn::SumOfLanes(d, s));
-  return 2.0 * 12.0 * static_cast<double>(hn::Lanes(d)) * static_cast<double>(iters);
-}
-
-int64_t ThisTarget() { return HWY_TARGET; }
-
-}  // namespace tessera::bench::HWY_NAMESPACE
-HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 #include "backends/cpu/flash_attention.h"
 #include "core/kernels.h"
 
 namespace tessera::bench {
-HWY_EXPORT(FmaPeakProbe);
+HWY_EXPORT(FmaLoop);
 HWY_EXPORT(ThisTarget);
 
 namespace {
@@ -95,7 +58,7 @@ double PeakGflops(double min_ms) {
     int64_t iters = 1 << 20;
     for (;;) {
       const double t0 = ThreadSeconds();
-      const double flops = HWY_DYNAMIC_DISPATCH(FmaPeakProbe)(iters, 1.0f + round, &sink);
+      const double flops = HWY_DYNAMIC_DISPATCH(FmaLoop)(iters, 1.0f + round, &sink);
       const double s = ThreadSeconds() - t0;
       if (s * 1e3 >= min_ms) {
         best = std::max(best, flops / s * 1e-9);
@@ -145,18 +108,7 @@ int main(int argc, char** argv) {
     }
   }
   if (lengths.empty()) lengths = {128, 512, 2048, 4096};
-  if (!target_name.empty()) {
-    int64_t chosen = 0;
-    for (int64_t bit = 1; bit != 0 && bit <= HWY_TARGETS; bit <<= 1)
-      if ((bit & hwy::SupportedTargets() & HWY_TARGETS) && target_name == hwy::TargetName(bit))
-        chosen = bit;
-    if (chosen == 0) {
-      std::fprintf(stderr, "target %s is not compiled or not supported here\n",
-                   target_name.c_str());
-      return 2;
-    }
-    hwy::SetSupportedTargetsForTest(chosen);
-  }
+  if (!target_name.empty() && !force_target(target_name)) return 2;
   if (tile_rows <= 0) tile_rows = 256;
 
   constexpr int64_t kEmbed = 512, kHeadDim = 64;

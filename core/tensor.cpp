@@ -4,6 +4,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "core/limits.h"
 #include "core/random.h"
 
 namespace tessera {
@@ -102,11 +103,17 @@ Shape contiguous_strides(const Shape& shape) {
 
 // ---------------------------------------------------------------- Storage
 
-Storage::Storage(Device& device, size_t bytes)
-    : data_(device.allocate(bytes)), bytes_(bytes), device_(&device) {}
+Storage::Storage(Device& device, size_t bytes, bool zeroed)
+    : data_(zeroed ? device.allocate_zeroed(bytes) : device.allocate(bytes)),
+      bytes_(bytes),
+      device_(&device) {}
 
-Storage::Storage(void* data, size_t bytes, std::shared_ptr<const void> owner)
-    : data_(data), bytes_(bytes), device_(&cpu_device()), owner_(std::move(owner)) {
+Storage::Storage(void* data, size_t bytes, std::shared_ptr<const void> owner, bool read_only)
+    : data_(data),
+      bytes_(bytes),
+      device_(&cpu_device()),
+      owner_(std::move(owner)),
+      read_only_(read_only) {
   if (!owner_) owner_ = std::make_shared<int>(0);  // borrowed even without an owner handle
 }
 
@@ -122,7 +129,12 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape
       dtype_(dtype),
       shape_(std::move(shape)),
       strides_(std::move(strides)),
-      offset_(offset) {}
+      offset_(offset) {
+  // Every tensor passes here (factories and views alike): one place bounds the rank.
+  if (dim() > kMaxRank)
+    shape_error("Tensor", "rank " + std::to_string(dim()) + " exceeds the limit of " +
+                              std::to_string(kMaxRank) + " dimensions");
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype) {
   const int64_t n = shape_numel(shape);
@@ -134,9 +146,14 @@ Tensor Tensor::empty(const Shape& shape, DType dtype) {
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype) {
-  Tensor t = empty(shape, dtype);
-  std::memset(t.raw_data(), 0, t.nbytes());
-  return t;
+  const int64_t n = shape_numel(shape);
+  int64_t bytes;
+  if (mul_overflows(n, static_cast<int64_t>(dtype_size(dtype)), &bytes))
+    shape_error("Tensor::zeros", "byte size of " + shape_to_string(shape) + " overflows");
+  // Zeroed by the device: large fresh blocks come zeroed from the OS and stay untouched (no RSS,
+  // no first-touch cost) until written; a parameter that a checkpoint replaces never is.
+  auto storage = std::make_shared<Storage>(cpu_device(), static_cast<size_t>(bytes), true);
+  return Tensor(std::move(storage), dtype, shape, contiguous_strides(shape), 0);
 }
 
 Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
@@ -156,12 +173,12 @@ Tensor Tensor::from_data(const void* data, const Shape& shape, DType dtype) {
 }
 
 Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype,
-                    std::shared_ptr<const void> owner) {
+                    std::shared_ptr<const void> owner, bool read_only) {
   const int64_t n = shape_numel(shape);
   if (reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) != 0)
     fail(ErrorCode::Internal, "Tensor::wrap", "data not aligned for " + std::string(dtype_name(dtype)));
   auto storage = std::make_shared<Storage>(data, static_cast<size_t>(n) * dtype_size(dtype),
-                                           std::move(owner));
+                                           std::move(owner), read_only);
   return Tensor(std::move(storage), dtype, shape, contiguous_strides(shape), 0);
 }
 

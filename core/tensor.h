@@ -25,8 +25,11 @@ int64_t shape_numel(const Shape& shape);
 
 class Storage {
  public:
-  Storage(Device& device, size_t bytes);  // owned, 64-byte aligned, uninitialised
-  Storage(void* data, size_t bytes, std::shared_ptr<const void> owner);  // borrowed
+  // Owned, 64-byte aligned; uninitialised, or zero-filled with `zeroed`.
+  Storage(Device& device, size_t bytes, bool zeroed = false);
+  // Borrowed. `read_only`: nobody may write the bytes (a read-only mapping of a checkpoint), so
+  // holders may share them instead of copying.
+  Storage(void* data, size_t bytes, std::shared_ptr<const void> owner, bool read_only = false);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -35,12 +38,14 @@ class Storage {
   size_t bytes() const { return bytes_; }
   Device& device() const { return *device_; }
   bool owned() const { return owner_ == nullptr; }
+  bool read_only() const { return read_only_; }
 
  private:
   void* data_;
   size_t bytes_;
   Device* device_;
   std::shared_ptr<const void> owner_;
+  bool read_only_ = false;
 };
 
 class Tensor {
@@ -56,8 +61,9 @@ class Tensor {
   template <class T>
   static Tensor from_vector(const std::vector<T>& v, const Shape& shape);
   // No copy: views `data` (aligned for dtype) and keeps `owner` alive as long as any view lives.
+  // `read_only` marks data nobody may write (see read_only()).
   static Tensor wrap(void* data, const Shape& shape, DType dtype,
-                     std::shared_ptr<const void> owner);
+                     std::shared_ptr<const void> owner, bool read_only = false);
   static Tensor randn(const Shape& shape, Generator& gen, double mean = 0.0, double std = 1.0,
                       DType dtype = DType::F32);
   static Tensor rand(const Shape& shape, Generator& gen, double low = 0.0, double high = 1.0,
@@ -77,6 +83,9 @@ class Tensor {
   bool is_contiguous() const;
   Device& device() const;
   const std::shared_ptr<Storage>& storage() const { return storage_; }
+  // True for a view of read-only memory (a checkpoint's mapping): writing it faults, and it
+  // never changes, so it can be shared where a copy would otherwise be taken.
+  bool read_only() const { return storage_ && storage_->read_only(); }
   std::string shape_str() const { return shape_to_string(shape_); }
 
   // Pointer to the first element (storage base + offset).

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/limits.h"
 
 namespace tessera {
 
@@ -53,6 +54,10 @@ void check_name(const std::string& name, const std::string& what, const std::str
 SymShape parse_shape(const ojson& j, const std::string& input, const std::string& where) {
   if (!j.is_array())
     fail(ErrorCode::Arg, where, "input " + input + ": shape must be an array, got " + json_type(j));
+  if (j.size() > static_cast<size_t>(kMaxRank))
+    fail(ErrorCode::Shape, where,
+         "input " + input + ": rank " + std::to_string(j.size()) + " exceeds the limit of " +
+             std::to_string(kMaxRank) + " dimensions");
   SymShape shape;
   for (const ojson& d : j) {
     if (d.is_number_unsigned()) {
@@ -90,6 +95,20 @@ DType parse_dtype_value(const ojson& j, const std::string& what, const std::stri
   return *t;
 }
 
+// True when arrays and objects nest deeper than `limit` levels in `j` (a scalar is level 0).
+// Walked with an explicit stack: the point is to refuse what would overflow the call stack.
+bool nests_deeper_than(const ojson& j, int limit) {
+  std::vector<std::pair<const ojson*, int>> stack = {{&j, 0}};
+  while (!stack.empty()) {
+    const auto [v, depth] = stack.back();
+    stack.pop_back();
+    if (!v->is_structured()) continue;
+    if (depth + 1 > limit) return true;
+    for (const ojson& child : *v) stack.emplace_back(&child, depth + 1);
+  }
+  return false;
+}
+
 std::string read_text_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(ErrorCode::IO, path, std::string("cannot open: ") + std::strerror(errno));
@@ -124,10 +143,25 @@ std::string read_text_file(const std::string& path) {
 }  // namespace
 
 NetworkSpec parse_network(const std::string& json_text, const std::string& origin) {
+  // Depth is refused while parsing, not after: ordered_map stores members in a std::vector,
+  // whose growth copies (recursively) the members already parsed, so a 200,000-deep value
+  // followed by one more key overflowed the stack inside parse() itself (security suite).
+  struct TooDeep {};
+  const auto refuse_deep = [](int depth, nlohmann::json::parse_event_t event, ojson&) {
+    const bool opens = event == nlohmann::json::parse_event_t::object_start ||
+                       event == nlohmann::json::parse_event_t::array_start;
+    // `depth` counts the containers around this one: the root object is level 1.
+    if (opens && depth + 1 > kMaxJsonDepth) throw TooDeep{};
+    return true;
+  };
   ojson j;
   try {
-    j = ojson::parse(json_text);
-  } catch (const nlohmann::json::parse_error& e) {
+    j = ojson::parse(json_text, refuse_deep);
+  } catch (const TooDeep&) {
+    fail(ErrorCode::Format, origin,
+         "JSON nests arrays and objects deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  } catch (const nlohmann::json::exception& e) {
+    // Not only parse_error: a number past the double range ("1e606") is out_of_range.406.
     // e.what() is "[json.exception.parse_error.101] parse error at line 3, column 7: ...";
     // the bracketed id means nothing to a user.
     std::string what = e.what();
@@ -141,6 +175,11 @@ NetworkSpec parse_network(const std::string& json_text, const std::string& origi
 
 NetworkSpec parse_network(const ojson& j, const std::string& origin) {
   const std::string& where = origin;
+  // nlohmann parses and destroys values without recursion, but copies and prints them
+  // recursively (args are copied below, and printed in messages): refuse depth first.
+  if (nests_deeper_than(j, kMaxJsonDepth))
+    fail(ErrorCode::Format, where,
+         "JSON nests arrays and objects deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   if (!j.is_object())
     fail(ErrorCode::Arg, where,
          std::string("the network must be a JSON object, got ") + json_type(j));

@@ -63,8 +63,9 @@ struct NetworkSpec {
 inline constexpr const char* kNetworkMetadataKey = "tessera.network";
 
 // Parses network JSON text. `origin` names its file in messages. E_FORMAT (where = origin) for
-// text that is not JSON; E_ARG for a wrong structure or an unknown key; E_SHAPE for a negative
-// dimension; E_DTYPE for a dtype name tessera does not know.
+// text that is not JSON or nests deeper than kMaxJsonDepth (128) levels; E_ARG for a wrong
+// structure or an unknown key; E_SHAPE for a negative dimension or a rank over kMaxRank (64);
+// E_DTYPE for a dtype name tessera does not know.
 NetworkSpec parse_network(const std::string& json_text, const std::string& origin);
 NetworkSpec parse_network(const nlohmann::ordered_json& json, const std::string& origin);
 

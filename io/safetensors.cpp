@@ -17,6 +17,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/limits.h"
 
 namespace tessera {
 
@@ -168,8 +169,9 @@ class HeaderParser {
   std::map<std::string, std::string> metadata;
   std::string error;
 
-  // serde_json (the reference's parser) refuses a 128th nested array/object.
-  static constexpr int kMaxDepth = 127;
+  // serde_json (the reference's parser) counts down from kMaxJsonDepth = 128 and fails when it
+  // reaches 0: 127 nested arrays/objects pass, the 128th is refused.
+  static constexpr int kMaxDepth = kMaxJsonDepth - 1;
 
   bool null() { return value(Kind::Null, "null"); }
   bool boolean(bool v) { return value(Kind::Bool, v ? "true" : "false"); }
@@ -538,7 +540,7 @@ uint64_t SafetensorsTensorInfo::numel() const {
 std::string SafetensorsTensorInfo::shape_str() const { return dims_str(shape); }
 
 bool SafetensorsTensorInfo::computable() const {
-  if (!dtype) return false;
+  if (!dtype || shape.size() > static_cast<size_t>(kMaxRank)) return false;
   // Tensor::empty/wrap compute contiguous strides as products of the trailing dims with zeros
   // counted as 1, so the product of the non-zero dims must fit int64.
   uint64_t p = 1;
@@ -761,6 +763,10 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
          "tensor " + quote_name(name) + " has dtype " + e.dtype_name +
              ", which tessera does not compute with (it reads F32 F16 BF16 F64 I64 I32 U8 I8 "
              "BOOL)");
+  if (e.shape.size() > static_cast<size_t>(kMaxRank))
+    fail(ErrorCode::Shape, path_,
+         "tensor " + quote_name(name) + " has rank " + std::to_string(e.shape.size()) +
+             ", over the limit of " + std::to_string(kMaxRank) + " dimensions");
   if (!e.computable())
     fail(ErrorCode::Shape, path_,
          "tensor " + quote_name(name) + " has shape " + e.shape_str() +
@@ -768,15 +774,16 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
   const Shape shape(e.shape.begin(), e.shape.end());
   const DType dtype = *e.dtype;
   // Mapped read-only: Tensor::wrap takes a mutable pointer, but nothing may write through it
-  // (documented in the header).
+  // (documented in the header), and the tensor says so (read_only()), so that loaders may keep
+  // it instead of copying.
   auto* base = const_cast<uint8_t*>(bytes_->data);
   const std::shared_ptr<const void> owner = bytes_;
   // An empty tensor's data is never read; the base pointer (page-aligned for a mapping, 16 for
   // a heap buffer) satisfies wrap's alignment check even when its offset is odd.
-  if (e.nbytes() == 0) return Tensor::wrap(base, shape, dtype, owner);
+  if (e.nbytes() == 0) return Tensor::wrap(base, shape, dtype, owner, true);
   uint8_t* data = base + e.file_offset;
   if (reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) == 0)
-    return Tensor::wrap(data, shape, dtype, owner);
+    return Tensor::wrap(data, shape, dtype, owner, true);
   return Tensor::from_data(data, shape, dtype);  // unaligned: copy
 }
 
@@ -857,12 +864,14 @@ Prepared prepare(const std::vector<std::pair<const std::string*, const Tensor*>>
   // The reference order: dtype rank descending (alignment descending), then name ascending, so
   // with a header padded to 8 bytes every tensor starts aligned to its element size.
   std::vector<size_t> idx(items.size());
-  std::iota(idx.begin(), idx.end(), size_t{0});
+  std::vector<int> rank(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    idx[i] = i;
+    rank[i] = dtype_rank(items[i].second->dtype());
+  }
   std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) {
-    const int ra = dtype_rank(items[a].second->dtype());
-    const int rb = dtype_rank(items[b].second->dtype());
-    if (ra != rb) return ra > rb;
-    return *items[a].first < *items[b].first;
+    if (rank[a] != rank[b]) return rank[a] > rank[b];
+    return *items[a].first < *items[b].first;  // bytewise, as Rust compares Strings
   });
 
   Prepared p;

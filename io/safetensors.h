@@ -16,8 +16,9 @@
 // And what it refuses, beyond the obvious: a UTF-8 byte order mark or NUL padding around the
 // JSON, floats or negative numbers (even -0) as dims or offsets, JSON nested deeper than 127
 // levels (serde_json's recursion limit), numbers beyond the f64 range anywhere.
-// There is no rank limit beyond the reference's: the 100,000,000-byte header cap already bounds
-// the work (every dimension costs at least two header bytes and eight bytes of memory).
+// There is no rank limit on reading, as in the reference: the 100,000,000-byte header cap already
+// bounds the work (every dimension costs at least two header bytes and eight bytes of memory).
+// Computing with a tensor of rank over kMaxRank (64, core/limits.h) is refused by tensor().
 // Every failure is an Error with ErrorCode::Format (where = the path) naming the tensor and the
 // values involved; a missing or unreadable file, or a directory, is ErrorCode::IO.
 //
@@ -61,8 +62,8 @@ struct SafetensorsTensorInfo {
   uint64_t nbytes() const { return data_end - data_begin; }
   uint64_t numel() const;         // cannot overflow: validated
   std::string shape_str() const;  // "[2, 3]"
-  // True when tensor() can return it: a tessera dtype and a shape whose contiguous strides fit
-  // int64 (the product of the non-zero dims is at most 2^63 - 1).
+  // True when tensor() can return it: a tessera dtype, rank <= kMaxRank, and a shape whose
+  // contiguous strides fit int64 (the product of the non-zero dims is at most 2^63 - 1).
   bool computable() const;
 };
 
@@ -83,10 +84,11 @@ class SafetensorsFile {
 
   // The tensor, converted to nothing: same dtype and shape as stored. Zero-copy when the data is
   // aligned for its dtype (always so for files from the reference writer): the Tensor views the
-  // mapping and keeps it alive. The mapping is read-only: such a tensor must never be written
-  // (doing so faults); clone() or to() it first. Unaligned data is copied.
+  // mapping, keeps it alive and is read_only(). The mapping is read-only: such a tensor must
+  // never be written (doing so faults); clone() or to() it first. Unaligned data is copied.
   // E_ARG: unknown name. E_DTYPE: a dtype tessera does not compute with (listed by info()).
-  // E_SHAPE: a zero-size tensor whose dims cannot be represented with int64 strides.
+  // E_SHAPE: rank over kMaxRank, or a zero-size tensor whose dims cannot be represented with
+  // int64 strides.
   Tensor tensor(const std::string& name) const;
   // Every tensor for which info(name).computable() holds, by name.
   std::map<std::string, Tensor> tensors() const;

@@ -155,7 +155,8 @@ void validate_attention_options(const AttentionOptions& o, int64_t dim, int64_t 
 
 // ---------------------------------------------------------------- construction
 
-Attention::Attention(int64_t dim, const AttentionOptions& options, uint64_t seed, std::string where)
+Attention::Attention(int64_t dim, const AttentionOptions& options, std::optional<uint64_t> seed,
+                     std::string where)
     : dim_(dim), opt_(options), where_(std::move(where)) {
   validate_attention_options(opt_, dim_, -1, where_);
   for (const auto& [name, shape] : attention_parameter_shapes(opt_, dim_)) {
@@ -179,7 +180,8 @@ Attention::Attention(int64_t dim, const AttentionOptions& options, uint64_t seed
         idx[q * T + k] = dy * (2 * W - 1) + dx;
       }
   }
-  Generator gen(seed);
+  if (!seed) return;
+  Generator gen(*seed);
   reset_parameters(gen);
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,9 +35,9 @@ class Attention {
  public:
   // `dim` is D, the model width. Validates every constraint that does not need T
   // (E_CONSTRAINT / E_ARG), declares parameters, initialises them from `seed`
-  // (projections as nn.Linear, table zeros, then the `init` overrides). `where` prefixes every
-  // error message ("n0 (attention)").
-  Attention(int64_t dim, const AttentionOptions& options, uint64_t seed = 0,
+  // (projections as nn.Linear, table zeros, then the `init` overrides; without a seed they stay
+  // zero, for a load of every one). `where` prefixes every error message ("n0 (attention)").
+  Attention(int64_t dim, const AttentionOptions& options, std::optional<uint64_t> seed = 0,
             std::string where = "attention");
   // A copy owns its parameters (deep copy): loading into it never touches the original, which
   // a shallow copy would, through the shared packed q/k/v buffer.

@@ -90,6 +90,21 @@ void attention_fused_f32(const KernelTable& k, const AttentionArgs& a) {
 
 }  // namespace
 
+double attention_scratch_bytes(const Device& device, int64_t kv_len, int64_t head_dim,
+                               int64_t v_head_dim) {
+  const KernelTable& k = device.kernels();
+  // Fused: a tile of at most 256 rows plus 16 floats of alignment slack. Unfused: a scores tile
+  // of query_tile_rows(S) rows by S keys. Each parallel_for chunk holds one, and at most
+  // num_threads() chunks run at once.
+  const double fused =
+      k.flash_attention_f32 != nullptr
+          ? static_cast<double>(k.flash_attention_scratch_floats(256, head_dim, v_head_dim)) + 16.0
+          : 0.0;
+  const double unfused = static_cast<double>(query_tile_rows(kv_len)) *
+                         static_cast<double>(std::max<int64_t>(kv_len, 1));
+  return static_cast<double>(num_threads()) * sizeof(float) * std::max(fused, unfused);
+}
+
 void attention_forward_f32(const Device& device, const AttentionArgs& a) {
   const KernelTable& k = device.kernels();
   const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.v_head_dim;

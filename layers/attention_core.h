@@ -51,4 +51,10 @@ struct AttentionArgs {
 // Validates nothing (layers do); splits (batch, head, query tile) over the worker threads.
 void attention_forward_f32(const Device& device, const AttentionArgs& args);
 
+// The most scratch attention_forward_f32 allocates at once, in bytes, for these sizes at the
+// current thread count: one scores tile or fused-kernel panel per running worker. The plan
+// counts it against the memory budget (core/limits.h).
+double attention_scratch_bytes(const Device& device, int64_t kv_len, int64_t head_dim,
+                               int64_t v_head_dim);
+
 }  // namespace tessera

@@ -12,32 +12,41 @@ void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
                         const float* bias, float* y, int64_t y_stride) {
   if (rows <= 0 || out_features <= 0) return;
   const KernelTable& k = device.kernels();
-  const int threads = num_threads();
+  // The split below depends on the shape only, never on the thread count, so results are
+  // bitwise identical on 1, 2 or 8 threads (security suite, determinism): OpenBLAS's result for
+  // one element can change with the N of the call (measured: a [2, 512] x [512, 1024] product
+  // split into 2 and into 8 column slices differed in the last bit), while splitting rows keeps
+  // every element's K loop and blocking unchanged.
   // Below ~2 MFLOP a second thread costs more (wake-up ~5-10 us) than it saves.
   const double flops = 2.0 * static_cast<double>(rows) * in_features * out_features;
-  if (threads == 1 || flops < 2e6) {
+  if (flops < 2e6) {
     k.gemm_f32(false, true, rows, out_features, in_features, 1.0f, x, x_stride, w, in_features,
                0.0f, y, y_stride);
     if (bias) k.add_bias_rows_f32(rows, out_features, y, y_stride, bias);
     return;
   }
-  if (rows >= 16 * threads) {
+  if (rows >= 32) {
     // Split rows: each worker runs one GEMM over a block of rows with the whole weight, so the
     // weight panel is packed once per block (one block per thread keeps packing at 1/threads).
-    const int64_t grain = (rows + threads - 1) / threads;
+    const int threads = num_threads();
+    const int64_t grain = std::max<int64_t>(16, (rows + threads - 1) / threads);
     parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
       k.gemm_f32(false, true, r1 - r0, out_features, in_features, 1.0f, x + r0 * x_stride,
                  x_stride, w, in_features, 0.0f, y + r0 * y_stride, y_stride);
       if (bias) k.add_bias_rows_f32(r1 - r0, out_features, y + r0 * y_stride, y_stride, bias);
     });
   } else {
-    // Few rows (decode-like): split output features instead; columns blocks of 16 keep each
-    // worker's slice of y a whole number of AVX-512 vectors.
-    const int64_t grain = std::max<int64_t>(16, (out_features + threads - 1) / threads);
-    parallel_for(0, out_features, grain, [&](int64_t n0, int64_t n1) {
-      k.gemm_f32(false, true, rows, n1 - n0, in_features, 1.0f, x, x_stride, w + n0 * in_features,
-                 in_features, 0.0f, y + n0, y_stride);
-      if (bias) k.add_bias_rows_f32(rows, n1 - n0, y + n0, y_stride, bias + n0);
+    // Few rows (decode-like): split output features into fixed blocks of 128 (a whole number of
+    // AVX-512 vectors; 8 blocks for 1024 features, enough to balance 2-8 threads).
+    constexpr int64_t kColumnBlock = 128;
+    const int64_t blocks = (out_features + kColumnBlock - 1) / kColumnBlock;
+    parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t n0 = b * kColumnBlock, n = std::min(kColumnBlock, out_features - n0);
+        k.gemm_f32(false, true, rows, n, in_features, 1.0f, x, x_stride, w + n0 * in_features,
+                   in_features, 0.0f, y + n0, y_stride);
+        if (bias) k.add_bias_rows_f32(rows, n, y + n0, y_stride, bias + n0);
+      }
     });
   }
 }

@@ -185,7 +185,8 @@ Tensor param_f32(const ParameterSet& params, const std::string& name) {
 
 // ------------------------------------------------------------------------------- construction
 
-MultiheadAttention::MultiheadAttention(const MultiheadAttentionOptions& options, uint64_t seed)
+MultiheadAttention::MultiheadAttention(const MultiheadAttentionOptions& options,
+                                       std::optional<uint64_t> seed)
     : opt_(options) {
   const int64_t E = opt_.embed_dim, H = opt_.num_heads;
   if (opt_.device != "cpu")
@@ -226,7 +227,8 @@ MultiheadAttention::MultiheadAttention(const MultiheadAttentionOptions& options,
   params_.add("out_proj.weight", {E, E}, dt);
   if (opt_.bias) params_.add("out_proj.bias", {E}, dt);
 
-  Generator gen(seed);
+  if (!seed) return;
+  Generator gen(*seed);
   reset_parameters(gen);
 }
 

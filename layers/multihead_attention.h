@@ -36,8 +36,10 @@ struct MultiheadAttentionOutput {
 
 class MultiheadAttention {
  public:
-  // Validates (E_CONSTRAINT), declares the parameters and initialises them from `seed`.
-  explicit MultiheadAttention(const MultiheadAttentionOptions& options, uint64_t seed = 0);
+  // Validates (E_CONSTRAINT), declares the parameters and initialises them from `seed` (without
+  // one they stay zero, for a load of every one).
+  explicit MultiheadAttention(const MultiheadAttentionOptions& options,
+                              std::optional<uint64_t> seed = 0);
 
   void reset_parameters(Generator& gen);
   LoadResult load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);

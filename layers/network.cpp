@@ -4,6 +4,7 @@
 #include <limits>
 #include <set>
 
+#include "core/limits.h"
 #include "core/random.h"
 
 namespace tessera {
@@ -11,6 +12,13 @@ namespace tessera {
 namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
+
+// Element count as a double, for memory estimates: products of hostile dims cannot overflow.
+double elements(const Shape& shape) {
+  double n = 1.0;
+  for (int64_t d : shape) n *= static_cast<double>(d);
+  return n;
+}
 
 // 4224 -> "4,224"
 std::string thousands(int64_t n) {
@@ -210,8 +218,11 @@ Network Network::resolve(const NetworkSpec& spec,
   SymbolBindings bindings;
   std::map<std::string, std::string> origin;
   for (const auto& [name, shape] : input_shapes) {
+    // Captured through a plain reference: clang 14 (the fuzz build) cannot capture a structured
+    // binding in a lambda, a C++20 feature it gained in clang 16.
+    const std::string& input_name = name;
     const auto it = std::find_if(spec.inputs.begin(), spec.inputs.end(),
-                                 [&](const NetworkInput& in) { return in.name == name; });
+                                 [&](const NetworkInput& in) { return in.name == input_name; });
     if (it == spec.inputs.end()) {
       std::vector<std::string> names;
       for (const NetworkInput& in : spec.inputs) names.push_back(in.name);
@@ -318,15 +329,28 @@ std::vector<ValueType> Network::bind(const std::vector<ValueType>& inputs) const
 
 // ---------------------------------------------------------------- Model
 
-Model::Model(const NetworkSpec& spec, uint64_t seed) : Model(Network::resolve(spec), seed) {}
+Model::Model(const NetworkSpec& spec, std::optional<uint64_t> seed)
+    : Model(Network::resolve(spec), seed) {}
 
-Model::Model(Network network, uint64_t seed) : network_(std::move(network)) {
-  Generator gen(seed);
+Model::Model(Network network, std::optional<uint64_t> seed) : network_(std::move(network)) {
+  // A network file of a few bytes can declare a [10^12, 10^12] weight: what the layers will
+  // hold is checked against the memory budget before the first one is built.
   for (const ResolvedNode& node : network_.nodes()) {
     std::vector<const ValueType*> in;
     for (int id : node.inputs)
       in.push_back(id >= 0 ? &network_.values()[static_cast<size_t>(id)].type : nullptr);
-    layers_.push_back(node.op->instantiate(in, gen.next_u64()));
+    for (const auto& p : node.parameters) memory_bytes_ += sizeof(float) * elements(p.second);
+    memory_bytes_ += node.op->resident_bytes(in);
+  }
+  check_memory_budget(memory_bytes_, network_.spec().origin,
+                      "the model (parameters and precomputed tables)");
+  Generator gen(seed.value_or(0));
+  for (const ResolvedNode& node : network_.nodes()) {
+    std::vector<const ValueType*> in;
+    for (int id : node.inputs)
+      in.push_back(id >= 0 ? &network_.values()[static_cast<size_t>(id)].type : nullptr);
+    layers_.push_back(
+        node.op->instantiate(in, seed ? std::optional<uint64_t>(gen.next_u64()) : std::nullopt));
     // The resolver counts parameters from the documented rules without building layers; the
     // layer is the authority. They must agree, or summary and loading would disagree.
     std::vector<std::pair<std::string, Shape>> declared;
@@ -391,6 +415,45 @@ std::map<std::string, Tensor> Model::state_dict() const {
     if (const ParameterSet* ps = layers_[i]->parameters())
       for (const Parameter& p : ps->all()) out[nodes[i].name + "." + p.name] = p.value;
   return out;
+}
+
+WeightsReport load_checkpoint_weights(Model& model, const SafetensorsFile& file, bool strict) {
+  std::map<std::string, Tensor> state;
+  std::map<std::string, std::string> unusable;
+  for (const std::string& name : file.names()) {
+    const SafetensorsTensorInfo& info = file.info(name);
+    // A number tensor that cannot be a Tensor (rank over 64, dims past int64) is E_SHAPE naming
+    // it, from tensor(); only dtypes tessera does not compute with are `unusable`.
+    if (info.dtype)
+      state.emplace(name, file.tensor(name));
+    else
+      unusable.emplace(name, info.dtype_name);
+  }
+  return model.load_weights(state, strict, file.path(), unusable);
+}
+
+LoadedModel load_model(const std::string& net_path, const std::optional<std::string>& weights_path,
+                       bool strict, uint64_t seed) {
+  std::optional<SafetensorsFile> checkpoint;
+  const NetworkSpec spec = load_network(net_path, &checkpoint);
+  // A strict load from a checkpoint replaces every parameter or fails, so nothing is initialised
+  // first: for 1 GB of weights that skips ~3 s of random draws and first-touch writes and 1 GB
+  // of RSS, and float32 weights are then used in place in the mapping (ParameterSet::load).
+  const bool complete = strict && (weights_path || (checkpoint && checkpoint->size() > 0));
+  LoadedModel loaded{Model(spec, complete ? std::nullopt : std::optional<uint64_t>(seed)), {}, {}};
+  std::optional<SafetensorsFile> weights;
+  const SafetensorsFile* source = nullptr;
+  if (weights_path) {
+    weights.emplace(SafetensorsFile::open(*weights_path));
+    source = &*weights;
+  } else if (checkpoint && checkpoint->size() > 0) {
+    source = &*checkpoint;
+  }
+  if (source) {
+    loaded.report = load_checkpoint_weights(loaded.model, *source, strict);
+    loaded.weights = source->path();
+  }
+  return loaded;
 }
 
 // ---------------------------------------------------------------- Plan
@@ -491,6 +554,32 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs) 
     for (int id : nodes[i].inputs) release(id);
     for (int id : nodes[i].outputs) release(id);
   }
+  // What a run holds at its peak, checked before the first buffer exists: the model, the inputs
+  // as given and float32 copies of those stored in another float dtype, the shared buffers, the
+  // outputs of layers that allocate their own (alive until the next run), and the largest
+  // scratch of any one node.
+  double bytes = model.memory_bytes();
+  std::string shapes;
+  for (const NetworkInput& in : spec.inputs) {
+    const TensorDesc& d = inputs.at(in.name);
+    const double n = elements(d.shape);
+    bytes += n * static_cast<double>(dtype_size(d.dtype));
+    if (dtype_is_floating(d.dtype) && d.dtype != DType::F32) bytes += n * sizeof(float);
+    shapes += (shapes.empty() ? "" : ", ") + in.name + "=" + shape_to_string(d.shape);
+  }
+  for (int64_t cap : capacity) bytes += static_cast<double>(cap) * sizeof(float);
+  double scratch = 0.0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    std::vector<const ValueType*> in;
+    for (int id : nodes[i].inputs)
+      in.push_back(id >= 0 ? &types_[static_cast<size_t>(id)] : nullptr);
+    scratch = std::max(scratch, nodes[i].op->scratch_bytes(in));
+    if (model.layer(i).allocates_outputs())
+      for (int id : nodes[i].outputs)
+        bytes += sizeof(float) * elements(concrete_shape(types_[static_cast<size_t>(id)].shape));
+  }
+  check_memory_budget(bytes + scratch, "inputs", "running the network on " + shapes);
+
   for (int64_t cap : capacity) buffers_.push_back(Tensor::empty({std::max<int64_t>(cap, 1)}));
 
   planned_.resize(n_values);

@@ -10,12 +10,14 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/tensor.h"
 #include "io/network_file.h"
+#include "io/safetensors.h"
 #include "layers/op_registry.h"
 
 namespace tessera {
@@ -84,15 +86,20 @@ struct WeightsReport {
 class Model {
  public:
   // Builds every layer, its parameters initialised as the layer's reset does from a seed derived
-  // from `seed` and the node's position.
-  explicit Model(Network network, uint64_t seed = 0);
-  explicit Model(const NetworkSpec& spec, uint64_t seed = 0);
+  // from `seed` and the node's position; without a seed nothing is drawn (Op::instantiate),
+  // for a caller that loads all of them next. E_SHAPE, before any layer is built,
+  // when the parameters and what the layers precompute exceed the memory budget
+  // (core/limits.h).
+  explicit Model(Network network, std::optional<uint64_t> seed = 0);
+  explicit Model(const NetworkSpec& spec, std::optional<uint64_t> seed = 0);
   Model(Model&&) = default;
   Model& operator=(Model&&) = default;
 
   const Network& network() const { return network_; }
   const OpLayer& layer(size_t node) const { return *layers_[node]; }
   int64_t parameter_count() const { return network_.parameter_count(); }
+  // Bytes the layers hold: parameters plus what they precompute (Op::resident_bytes).
+  double memory_bytes() const { return memory_bytes_; }
 
   // Loads `state` (keys "<node>.<param>", as PyTorch's state_dict names them; F32, F16, BF16
   // and F64 converted). Every problem is named in one E_WEIGHTS error (where = `where`, the
@@ -104,13 +111,33 @@ class Model {
   WeightsReport load_weights(const std::map<std::string, Tensor>& state, bool strict,
                              const std::string& where,
                              const std::map<std::string, std::string>& unusable = {});
-  // Every parameter as "<node>.<param>".
+  // Every parameter as "<node>.<param>". Parameters loaded in place from a checkpoint are its
+  // read-only views (Tensor::read_only()): clone() one before writing it.
   std::map<std::string, Tensor> state_dict() const;
 
  private:
   Network network_;
   std::vector<std::unique_ptr<OpLayer>> layers_;
+  double memory_bytes_ = 0.0;
 };
+
+// Model::load_weights with every tensor of a checkpoint; tensors tessera cannot read as numbers
+// (F8_E4M3, U16, ...) are passed as `unusable` so the weight check can name them.
+WeightsReport load_checkpoint_weights(Model& model, const SafetensorsFile& file, bool strict);
+
+// A model as `tessera run NET [--weights W]` and the C API load it.
+struct LoadedModel {
+  Model model;
+  std::string weights;   // the checkpoint the weights came from; empty when none was
+  WeightsReport report;  // non-strict: missing (initialised from the seed) and unexpected keys
+};
+
+// NET (a network JSON file or a checkpoint carrying `tessera.network`) with the weights of
+// `weights_path`, else those stored in NET, else none (parameters stay initialised from `seed`:
+// then `weights` is empty; whether that is acceptable is the caller's call). Loading is strict
+// or not as Model::load_weights. E_IO, E_FORMAT, the network's errors, E_WEIGHTS.
+LoadedModel load_model(const std::string& net_path, const std::optional<std::string>& weights_path,
+                       bool strict, uint64_t seed = 0);
 
 // A tensor's shape and stored dtype, for binding a plan.
 struct TensorDesc {
@@ -122,8 +149,11 @@ class Plan {
  public:
   // Binds every network input (by name: E_ARG for a missing or unknown one) to a concrete shape
   // and stored dtype (float inputs: F32, F16, BF16 or F64; masks: BOOL or float; otherwise
-  // E_DTYPE), infers every value's shape, and allocates the buffers. `model` must outlive the
-  // plan. A plan runs on one thread at a time; give each thread its own.
+  // E_DTYPE), infers every value's shape, and allocates the buffers. E_SHAPE, before allocating
+  // anything, when a run would need more than the memory budget (core/limits.h) together with
+  // the model: inputs, buffers, outputs layers allocate and the largest scratch of any node.
+  // `model` must outlive the plan. A plan runs on one thread at a time; give each thread its
+  // own.
   Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs);
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;

@@ -7,6 +7,7 @@
 
 #include "core/random.h"
 #include "layers/attention.h"
+#include "layers/attention_core.h"
 #include "layers/linear.h"
 #include "layers/multihead_attention.h"
 #include "layers/ops.h"
@@ -272,9 +273,11 @@ const Tensor& contiguous_f32(const Tensor& x, Tensor& scratch) {
 
 class LinearLayer : public OpLayer {
  public:
-  LinearLayer(int64_t in, int64_t out, bool bias, uint64_t seed, std::string where)
+  LinearLayer(int64_t in, int64_t out, bool bias, std::optional<uint64_t> seed,
+              std::string where)
       : linear_(in, out, bias), where_(std::move(where)) {
-    Generator gen(seed);
+    if (!seed) return;
+    Generator gen(*seed);
     linear_.reset_parameters(gen);
   }
   ParameterSet* parameters() override { return &linear_.parameters(); }
@@ -331,7 +334,7 @@ class FunctionLayer : public OpLayer {
 
 class AttentionLayer : public OpLayer {
  public:
-  AttentionLayer(int64_t dim, const AttentionOptions& options, uint64_t seed,
+  AttentionLayer(int64_t dim, const AttentionOptions& options, std::optional<uint64_t> seed,
                  const std::string& where)
       : attention_(dim, options, seed, where) {}
   ParameterSet* parameters() override { return &attention_.parameters(); }
@@ -350,7 +353,7 @@ class AttentionLayer : public OpLayer {
 
 class MultiheadAttentionLayer : public OpLayer {
  public:
-  MultiheadAttentionLayer(const MultiheadAttentionOptions& options, uint64_t seed,
+  MultiheadAttentionLayer(const MultiheadAttentionOptions& options, std::optional<uint64_t> seed,
                           bool need_weights, bool average, bool is_causal)
       : mha_(options, seed), need_weights_(need_weights), average_(average), causal_(is_causal) {}
   ParameterSet* parameters() override { return &mha_.parameters(); }
@@ -405,7 +408,7 @@ class LinearOp : public Op {
     return 2.0 * numel(in[0]->shape) * static_cast<double>(out_);
   }
   std::unique_ptr<OpLayer> instantiate(const std::vector<const ValueType*>& in,
-                                       uint64_t seed) const override {
+                                       std::optional<uint64_t> seed) const override {
     return std::make_unique<LinearLayer>(in[0]->shape.back().value, out_, bias_, seed, where());
   }
 
@@ -448,7 +451,7 @@ class LayerNormOp : public Op {
     return (affine_ ? 5.0 : 4.0) * numel(in[0]->shape);
   }
   std::unique_ptr<OpLayer> instantiate(const std::vector<const ValueType*>& in,
-                                       uint64_t) const override {
+                                       std::optional<uint64_t>) const override {
     return std::make_unique<LayerNormLayer>(in[0]->shape.back().value, eps_, affine_, where());
   }
 
@@ -479,7 +482,7 @@ class GeluOp : public Op {
     return numel(in[0]->shape);
   }
   std::unique_ptr<OpLayer> instantiate(const std::vector<const ValueType*>&,
-                                       uint64_t) const override {
+                                       std::optional<uint64_t>) const override {
     const bool tanh = tanh_;
     const std::string w = where();
     return std::make_unique<FunctionLayer>(
@@ -525,7 +528,7 @@ class AddOp : public Op {
     return numel(infer(in, none).outputs[0].shape);
   }
   std::unique_ptr<OpLayer> instantiate(const std::vector<const ValueType*>&,
-                                       uint64_t) const override {
+                                       std::optional<uint64_t>) const override {
     const std::string w = where();
     return std::make_unique<FunctionLayer>(
         [w](const std::vector<const Tensor*>& in, const std::vector<Tensor*>& out) {
@@ -572,7 +575,7 @@ class ChunkOp : public Op {
   }
   double flops(const std::vector<const ValueType*>&) const override { return 0.0; }
   std::unique_ptr<OpLayer> instantiate(const std::vector<const ValueType*>&,
-                                       uint64_t) const override {
+                                       std::optional<uint64_t>) const override {
     const int64_t dim = dim_;
     const std::string w = where();
     return std::make_unique<FunctionLayer>(
@@ -655,7 +658,7 @@ class ConcatOp : public Op {
   }
   double flops(const std::vector<const ValueType*>&) const override { return 0.0; }
   std::unique_ptr<OpLayer> instantiate(const std::vector<const ValueType*>&,
-                                       uint64_t) const override {
+                                       std::optional<uint64_t>) const override {
     const int64_t dim = dim_;
     const std::string w = where();
     return std::make_unique<FunctionLayer>(
@@ -749,8 +752,32 @@ class AttentionOp : public Op {
     // Four [B*T, D] x [D, D] projections, then q k^T and p v: 2*T*T*D each per batch element.
     return 8.0 * B * T * D * D + 4.0 * B * T * T * D;
   }
+  double resident_bytes(const std::vector<const ValueType*>& in) const override {
+    const double D = static_cast<double>(in[0]->shape[2].value);
+    // Attention::Attention: q/k/v weights packed as one [3D, D] matrix and a [3D] bias beside
+    // the parameters, and the relative-position index, int64 [T, T] with T = H*W.
+    double bytes = sizeof(float) * (3.0 * D * D + 3.0 * D);
+    if (opt_.relative_position_bias) {
+      const double t = static_cast<double>(opt_.spatial_h) * static_cast<double>(opt_.spatial_w);
+      bytes += sizeof(int64_t) * t * t;
+    }
+    return bytes;
+  }
+  double scratch_bytes(const std::vector<const ValueType*>& in) const override {
+    const SymShape& s = in[0]->shape;
+    const int64_t B = s[0].value, T = s[1].value, D = s[2].value, hd = D / opt_.heads;
+    if (B == 0 || T == 0) return 0.0;  // forward returns before allocating scratch
+    const double b = static_cast<double>(B), t = static_cast<double>(T), d = static_cast<double>(D),
+                 h = static_cast<double>(opt_.heads);
+    // Attention::forward: q|k|v [B*T, 3D], the context [B*T, D], rope's cos and sin tables
+    // [T, hd/2] each, the relative-position bias [heads, T, T], then the core's tiles.
+    double floats = 4.0 * b * t * d;
+    if (opt_.rope) floats += t * static_cast<double>(hd);
+    if (opt_.relative_position_bias) floats += h * t * t;
+    return sizeof(float) * floats + attention_scratch_bytes(cpu_device(), T, hd, hd);
+  }
   std::unique_ptr<OpLayer> instantiate(const std::vector<const ValueType*>& in,
-                                       uint64_t seed) const override {
+                                       std::optional<uint64_t> seed) const override {
     return std::make_unique<AttentionLayer>(in[0]->shape[2].value, opt_, seed, where());
   }
 
@@ -891,8 +918,31 @@ class MultiheadAttentionOp : public Op {
     // q, k, v and out projections; q k^T and p v over all heads (2*L*S'*E each).
     return 2.0 * N * (L * E * E + S * kd * E + S * vd * E + L * E * E) + 4.0 * N * L * Sp * E;
   }
+  double scratch_bytes(const std::vector<const ValueType*>& in) const override {
+    const ValueType& q = *in[0];
+    const ValueType& k = in[1] ? *in[1] : q;
+    const bool batched = q.shape.size() == 3;
+    const bool bf = batched && opt_.batch_first;
+    const int64_t L = q.shape[bf ? 1 : 0].value, S = k.shape[bf ? 1 : 0].value;
+    const int64_t N = batched ? q.shape[bf ? 0 : 1].value : 1;
+    if (N == 0 || L == 0) return 0.0;  // forward returns before allocating scratch
+    const int64_t extra = (opt_.add_bias_kv ? 1 : 0) + (opt_.add_zero_attn ? 1 : 0);
+    const double n = static_cast<double>(N), l = static_cast<double>(L),
+                 sp = static_cast<double>(S + extra), e = static_cast<double>(opt_.embed_dim),
+                 h = static_cast<double>(opt_.num_heads);
+    // MultiheadAttention::forward: the projections (one [N*S', 3E] buffer for self-attention,
+    // else [N*L + 2*N*S', E]), the attention output [N*L, E], the per-head weights
+    // [N, H, L, S'] when they are averaged into the output, the combined mask (at most
+    // [N, H, L, S']) when there is one, then the core's tiles.
+    double floats = std::max(3.0 * n * sp * e, (n * l + 2.0 * n * sp) * e) + n * l * e;
+    if (need_weights_ && average_) floats += n * h * l * sp;
+    if (in[3] || in[4] || (causal_ && extra > 0)) floats += n * h * l * sp;
+    const int64_t head_dim = opt_.embed_dim / opt_.num_heads;
+    return sizeof(float) * floats +
+           attention_scratch_bytes(cpu_device(), S + extra, head_dim, head_dim);
+  }
   std::unique_ptr<OpLayer> instantiate(const std::vector<const ValueType*>&,
-                                       uint64_t seed) const override {
+                                       std::optional<uint64_t> seed) const override {
     return std::make_unique<MultiheadAttentionLayer>(opt_, seed, need_weights_, average_, causal_);
   }
 
@@ -968,8 +1018,8 @@ std::unique_ptr<Op> make_op(const NetworkNode& node) {
   const std::vector<PortSpec> ports = op->input_ports();
   std::string list;
   for (const PortSpec& p : ports) list += (list.empty() ? "" : ", ") + p.name;
-  for (const auto& [port, source] : node.inputs) {
-    (void)source;
+  for (const auto& input : node.inputs) {
+    const std::string& port = input.first;  // not a structured binding: clang 14 cannot capture one
     if (std::none_of(ports.begin(), ports.end(), [&](const PortSpec& p) { return p.name == port; }))
       fail(ErrorCode::Arg, where,
            "unknown input port '" + port + "' (" + node.op + " takes " + list + ")");

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -84,10 +85,27 @@ class Op {
   // elementwise ops one per element produced, data movement (chunk, concat) nothing; causal
   // attention counts the full score matrix.
   virtual double flops(const std::vector<const ValueType*>& in) const = 0;
-  // The op with its parameters, initialised from `seed` as the layer's reset does. `in` as for
-  // infer() (the dims the parameters depend on are fixed by then).
+  // Memory, in bytes, for the budget checks (core/limits.h) made before anything is allocated.
+  // resident_bytes: what the layer allocates when built besides its parameters (attention: its
+  // packed q/k/v weights, the relative-position index); `in` as for instantiate().
+  // scratch_bytes: the most one forward allocates and frees again, on concrete input types;
+  // outputs a layer allocates itself are counted by the plan from their types. Both 0 for ops
+  // that compute straight from the plan's buffers.
+  virtual double resident_bytes(const std::vector<const ValueType*>& in) const {
+    (void)in;
+    return 0.0;
+  }
+  virtual double scratch_bytes(const std::vector<const ValueType*>& in) const {
+    (void)in;
+    return 0.0;
+  }
+  // The op with its parameters, initialised from `seed` as the layer's reset does; without a
+  // seed nothing is drawn (parameters stay zero, layer_norm's take their constant ones) and
+  // large ones stay untouched memory, for a caller that loads every one next (a complete
+  // checkpoint: 1 GB of weights is then never drawn nor written, ~3 s and 1 GB of RSS saved
+  // here). `in` as for infer() (the dims the parameters depend on are fixed by then).
   virtual std::unique_ptr<OpLayer> instantiate(const std::vector<const ValueType*>& in,
-                                               uint64_t seed) const = 0;
+                                               std::optional<uint64_t> seed) const = 0;
 
  private:
   std::string where_;

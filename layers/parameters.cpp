@@ -37,7 +37,17 @@ const Tensor& ParameterSet::tensor(const std::string& name) const {
 Tensor& ParameterSet::mutable_tensor(const std::string& name) {
   Parameter* p = find(name);
   if (!p) fail(ErrorCode::Internal, "ParameterSet", "no parameter " + name);
+  detach(*p);
   return p->value;
+}
+
+std::vector<Parameter>& ParameterSet::all() {
+  for (Parameter& p : params_) detach(p);
+  return params_;
+}
+
+void ParameterSet::detach(Parameter& p) {
+  if (p.value.read_only()) p.value = p.value.clone();
 }
 
 int64_t ParameterSet::count() const {
@@ -97,12 +107,19 @@ LoadResult ParameterSet::load(const std::map<std::string, Tensor>& state, bool s
     fail(ErrorCode::Weights, where,
          strict ? describe_weight_problems(result.missing, result.unexpected, result.misshaped)
                 : describe_weight_problems({}, {}, result.misshaped));
-  // Everything checked: now convert and store (nothing changes when loading fails).
+  // Everything checked: now convert and store (nothing changes when loading fails). A read-only
+  // view (a checkpoint's mapping) already in the parameter's dtype and layout is kept as is:
+  // no copy, and its pages are read from the file only when a forward first touches them.
   for (Parameter& p : params_) {
     auto it = state.find(prefix + p.name);
     if (it == state.end()) continue;
+    const Tensor& src = it->second;
+    if (src.read_only() && src.dtype() == p.value.dtype() && src.is_contiguous()) {
+      p.value = src;
+      continue;
+    }
     Tensor fresh = Tensor::empty(p.shape, p.value.dtype());
-    fresh.copy_from(it->second);
+    fresh.copy_from(src);
     p.value = fresh;
   }
   return result;

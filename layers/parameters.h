@@ -32,9 +32,12 @@ class ParameterSet {
   Parameter* find(const std::string& name);
   const Parameter* find(const std::string& name) const;
   const Tensor& tensor(const std::string& name) const;  // E_INTERNAL when absent
+  // Write access copies a parameter that is a read-only view of a checkpoint first (see
+  // load()), so writes never reach the mapping: mutable_tensor() that one, all() every one.
+  // find() gives the Parameter to inspect or to replace its value, not to write its data.
   Tensor& mutable_tensor(const std::string& name);
   const std::vector<Parameter>& all() const { return params_; }
-  std::vector<Parameter>& all() { return params_; }
+  std::vector<Parameter>& all();
   int64_t count() const;  // total number of elements
 
   // `where` names the layer in messages ("n0 (attention)"). Keys are matched as
@@ -43,11 +46,15 @@ class ParameterSet {
   // What load() would report, without throwing or changing anything. Keys outside `prefix`
   // are not this set's business and are not reported as unexpected (unless prefix is empty).
   LoadResult check(const std::map<std::string, Tensor>& state, const std::string& prefix = "") const;
+  // A source tensor that is read_only() (a view of a checkpoint's mapping), of the parameter's
+  // dtype and contiguous becomes the parameter itself, without a copy; any other is copied.
   LoadResult load(const std::map<std::string, Tensor>& state, bool strict, const std::string& where,
                   const std::string& prefix = "");
   std::map<std::string, Tensor> state_dict(const std::string& prefix = "") const;
 
  private:
+  static void detach(Parameter& p);
+
   std::vector<Parameter> params_;
 };
 

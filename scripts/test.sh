@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Sets up (Debian packages, meson), builds everything with warnings as errors and runs the whole
 # test suite. This is the README's test command and what .ci/run calls.
+#   scripts/test.sh [MESON_OPTION...]    (BUILD_DIR=build unless set; options go to meson setup,
+#                                         as scripts/sanitize.sh does for its own build)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD_DIR=${BUILD_DIR:-build}
-scripts/setup.sh "$BUILD_DIR"
+scripts/setup.sh "$BUILD_DIR" "$@"
 ninja -C "$BUILD_DIR"
 status=0
 meson test -C "$BUILD_DIR" --print-errorlogs || status=$?

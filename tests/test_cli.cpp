@@ -3,6 +3,7 @@
 // command, every error code and both failure exit statuses. Every committed example is run and
 // compared with its expected output.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -252,9 +253,12 @@ BOOST_AUTO_TEST_CASE(every_error_code_and_exit_status) {
   expect_failure(cli_run({"summary", net("h.json", "gelu", "{}", "[2, 4]", "float16")}),
                  "E_UNSUPPORTED", "dtype=float16 is not supported");
   // Exit 1: an internal failure. 10^12 x 8 x 32 floats (10^15 bytes) exceed any address space
-  // here, so allocating the random input fails.
+  // here: with the memory budget raised past them (16 PiB; by default the plan refuses them with
+  // E_SHAPE, as memory_budget_errors_are_shape_errors checks), allocating the buffers fails.
+  setenv("TESSERA_MEMORY_BUDGET", "16384T", 1);
   expect_failure(cli_run({"bench", good, "--shape", "x=1000000000000,8,32", "--reps", "1"}),
                  "E_INTERNAL", "out of memory", 1);
+  unsetenv("TESSERA_MEMORY_BUDGET");
   BOOST_TEST(!fs::exists(s.path("o.safetensors")));
 }
 
@@ -422,6 +426,115 @@ BOOST_AUTO_TEST_CASE(bench_reports_times_and_json) {
   BOOST_TEST(r.out.find("peak RSS: ") != std::string::npos);
   expect_failure(cli_run({"bench", kEncoder}), "E_ARG",
                  "--shape: input x [B, T, 64] has open dims; give --shape x=D0,D1,...");
+}
+
+// ---------------------------------------------------------------- limits and file safety
+
+// Memory the inputs would need beyond the budget (core/limits.h) is E_SHAPE before anything is
+// allocated. Regression: bench made its random inputs before planning, so this shape died as
+// "E_INTERNAL: out of memory" (exit 1) after trying to allocate 256 TB.
+BOOST_AUTO_TEST_CASE(memory_budget_errors_are_shape_errors) {
+  expect_failure(cli_run({"bench", kEncoder, "--shape", "x=1000000,1000000,64"}), "E_SHAPE",
+                 "inputs: running the network on x=[1000000, 1000000, 64] needs ");
+  Scratch s;
+  const std::string out = s.path("o.safetensors");
+  // TESSERA_MEMORY_BUDGET reaches the child. The encoder holds 100,096 parameters and, in each of
+  // its two attention layers, packed q/k/v weights [192, 64] and bias [192]: 500,224 bytes.
+  auto with_budget = [&](const char* budget) {
+    setenv("TESSERA_MEMORY_BUDGET", budget, 1);
+    const Result r = cli_run({"run", kEncoder, "--input", kEncoderInput, "--output", out});
+    unsetenv("TESSERA_MEMORY_BUDGET");
+    return r;
+  };
+  expect_failure(with_budget("256K"), "E_SHAPE",
+                 "the model (parameters and precomputed tables) needs 488.50 KiB, over the "
+                 "memory budget of 256.00 KiB");
+  BOOST_TEST(with_budget("64M").status == 0);
+  expect_failure(with_budget("lots"), "E_ARG",
+                 "TESSERA_MEMORY_BUDGET: 'lots' is not a memory size");
+  expect_failure(with_budget("0"), "E_ARG", "is not a memory size");
+}
+
+// `run` writes its output through a temporary file renamed over the target: killing it at any
+// moment leaves the previous file whole, never a partial one under the final name.
+BOOST_AUTO_TEST_CASE(sigkill_mid_run_leaves_the_previous_output_intact) {
+  Scratch s;
+  // Four 1024x1024 layers on [2048, 1024]: 17 GFLOP and an 8 MiB output, so the kill can land
+  // while the output is being written (and fsync'ed).
+  std::string nodes;
+  for (int i = 0; i < 4; ++i)
+    nodes += std::string(i ? "," : "") + R"({"name": "l)" + std::to_string(i) +
+             R"(", "op": "linear", "args": {"out_features": 1024}, "inputs": {"x": ")" +
+             (i ? std::string("l").append(std::to_string(i - 1)) : std::string("x")) + R"("}})";
+  const std::string net = s.write("big.json", R"({"inputs": {"x": [2048, 1024]}, "nodes": [)" +
+                                                  nodes + R"(], "outputs": {"y": "l3"}})");
+  const std::string in = s.path("in.safetensors");
+  save(in, {{"x", randn({2048, 1024}, 3)}});
+  const std::string out = s.path("o.safetensors");
+  const std::string precious = "previous contents of the output file";
+
+  auto spawn = [&] {
+    const pid_t pid = fork();
+    BOOST_REQUIRE(pid >= 0);
+    if (pid == 0) {
+      const int null = ::open("/dev/null", O_WRONLY);
+      dup2(null, STDOUT_FILENO);
+      dup2(null, STDERR_FILENO);
+      execl(TESSERA_CLI, TESSERA_CLI, "run", net.c_str(), "--input", in.c_str(), "--output",
+            out.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    return pid;
+  };
+  auto temp_exists = [&] {
+    for (const auto& e : fs::directory_iterator(s.dir))
+      if (e.path().filename().string().starts_with("o.safetensors.tmp.")) return true;
+    return false;
+  };
+  auto kill_and_reap = [](pid_t pid) {
+    kill(pid, SIGKILL);
+    int status = 0;
+    BOOST_REQUIRE(waitpid(pid, &status, 0) == pid);
+    return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+  };
+
+  // Killed while computing (its temporary file does not exist yet).
+  s.write("o.safetensors", precious);
+  pid_t pid = spawn();
+  usleep(20000);
+  const bool computing = !temp_exists();
+  BOOST_TEST(kill_and_reap(pid));
+  if (computing) BOOST_TEST(slurp(out) == precious);
+
+  // Killed while writing: the moment its temporary file appears (polled every 100 us).
+  int mid_write = 0;
+  for (int attempt = 0; attempt < 5 && mid_write == 0; ++attempt) {
+    for (const auto& e : fs::directory_iterator(s.dir))
+      if (e.path().filename().string().starts_with("o.safetensors.tmp.")) fs::remove(e.path());
+    s.write("o.safetensors", precious);
+    pid = spawn();
+    int exited = 0;
+    while (!temp_exists() && waitpid(pid, &exited, WNOHANG) == 0) usleep(100);
+    if (!temp_exists()) {  // finished between two polls: the output must be the new one
+      BOOST_TEST(SafetensorsFile::open(out).tensor("y").shape() == (Shape{2048, 1024}));
+      continue;
+    }
+    BOOST_TEST(kill_and_reap(pid));
+    if (temp_exists()) {
+      ++mid_write;
+      BOOST_TEST(slurp(out) == precious, "a kill during the write changed the output file");
+    } else {  // renamed just before the kill: the new output, whole
+      BOOST_TEST(SafetensorsFile::open(out).tensor("y").shape() == (Shape{2048, 1024}));
+    }
+  }
+  BOOST_TEST(mid_write == 1, "no kill landed while the output was being written");
+
+  // Run to the end: the output is replaced whole.
+  pid = spawn();
+  int status = 0;
+  BOOST_REQUIRE(waitpid(pid, &status, 0) == pid);
+  BOOST_TEST((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  BOOST_TEST(SafetensorsFile::open(out).tensor("y").shape() == (Shape{2048, 1024}));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -211,6 +211,7 @@ BOOST_AUTO_TEST_CASE(round_trip_every_dtype_in_memory) {
       // The reference layout keeps every tensor aligned, so each one is mapped, not copied.
       BOOST_CHECK_EQUAL(info.file_offset % dtype_size(t.dtype()), 0u);
       BOOST_CHECK(!got.storage()->owned());
+      BOOST_CHECK(got.read_only());
     }
   }
   // Values through the Tensor API too, for the strided source.
@@ -317,7 +318,11 @@ BOOST_AUTO_TEST_CASE(unaligned_tensors_are_copied) {
   BOOST_CHECK_EQUAL(f.info("d").data_begin, 19u);
   BOOST_CHECK_EQUAL(f.info("h").data_begin, 43u);
   BOOST_CHECK(!f.tensor("bytes").storage()->owned());  // U8 is always aligned: mapped
-  for (const char* name : {"w", "d", "h"}) BOOST_CHECK(f.tensor(name).storage()->owned());
+  BOOST_CHECK(f.tensor("bytes").read_only());
+  for (const char* name : {"w", "d", "h"}) {
+    BOOST_CHECK(f.tensor(name).storage()->owned());
+    BOOST_CHECK(!f.tensor(name).read_only());  // a private copy, free to write
+  }
   BOOST_CHECK_EQUAL(f.tensor("w").at<float>({1, 1}), 4096.0f);
   BOOST_CHECK_EQUAL(f.tensor("d").at<double>({2}), std::ldexp(1.0, -1074));
   BOOST_CHECK_EQUAL(f.tensor("h").item({0}), -1.0);
@@ -606,6 +611,22 @@ BOOST_AUTO_TEST_CASE(accepts_what_the_reference_accepts) {
     BOOST_CHECK(f.info("ok").computable());
     BOOST_CHECK_EQUAL(f.tensor("ok").size(1), int64_t{1} << 62);
     BOOST_CHECK_EQUAL(f.tensors().size(), 1u);
+  }
+  // Any rank is read; computing is limited to kMaxRank (64) dims.
+  {
+    std::string dims65 = "[1";
+    for (int i = 1; i < 65; ++i) dims65 += ",1";
+    dims65 += "]";
+    const std::string dims64 = "[1" + dims65.substr(4);  // one ",1" fewer
+    const std::string h = "{" + entry("r65", "F32", dims65, "[0,4]") + "," +
+                          entry("r64", "F32", dims64, "[4,8]") + "}";
+    const auto f = SafetensorsFile::from_bytes(st_file(h, 8), "ranks");
+    BOOST_CHECK_EQUAL(f.info("r65").shape.size(), 65u);
+    BOOST_CHECK(!f.info("r65").computable());
+    expect_error(ErrorCode::Shape, "tensor 'r65' has rank 65, over the limit of 64 dimensions",
+                 [&] { f.tensor("r65"); });
+    BOOST_CHECK_EQUAL(f.tensor("r64").dim(), 64);
+    BOOST_CHECK_EQUAL(f.tensors().count("r65"), 0u);
   }
 }
 

@@ -8,8 +8,12 @@
 // GCC contracts a separate multiply and add into one FMA even under -std=c++20 (measured, GCC
 // 12), which would round the logits once on AVX2/AVX3 and twice on SSE4/EMU128. Off for this
 // file, so z = scale * x + mask rounds after the multiply and after the add on every target;
-// the explicit hn::MulAdd calls in ExpF32 stay FMAs.
+// the explicit hn::MulAdd calls in ExpF32 stay FMAs. Clang (the fuzz build) has its own pragma.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#else
 #pragma GCC optimize("fp-contract=off")
+#endif
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backends/cpu/softmax_f32.cc"

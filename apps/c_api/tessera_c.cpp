@@ -1,0 +1,564 @@
+// The C API (include/tessera/tessera.h): handles around the library's Model, Plan and Tensor,
+// and every exception turned into a code and a message. Like the command line, this file only
+// maps calls and errors: loading is tessera::load_model (shared with `tessera run`), running is
+// tessera::Plan.
+//
+// Concurrency: a model's layers are immutable after loading and OpLayer::forward is const, so
+// runs share them freely. What a run writes lives in a Plan (its intermediate buffers), which
+// serves one run at a time; the model keeps idle plans in a small pool, keyed by the input
+// shapes and dtypes, so a steady caller reuses warm buffers instead of faulting in fresh ones
+// (first touch runs at about 0.33 GB/s here: 30 ms for a 10 MB workspace, per run).
+#include <algorithm>
+#include <cstring>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "core/parallel.h"
+#include "core/tensor.h"
+#include "io/safetensors.h"
+#include "layers/network.h"
+#include "tessera/tessera.h"
+
+#ifndef TESSERA_VERSION
+#error "TESSERA_VERSION comes from meson (apps/c_api/meson.build)"
+#endif
+
+struct tessera_error {
+  tessera_code code;
+  std::string message;
+};
+
+struct tessera_tensor {
+  tessera::Tensor tensor;  // contiguous: a view of the caller's buffer, or the library's own
+};
+
+namespace {
+
+using tessera::DType;
+using tessera::ErrorCode;
+using tessera::Tensor;
+
+// Idle workspaces a model keeps. 8 covers 8 threads each running one input shape (the
+// concurrency test), or a few threads alternating between a few shapes; beyond that the least
+// recently used one is dropped. A workspace is the plan's intermediates: for the example encoder
+// 72 KB at [2, 16, 64], 18 MB at [2, 4096, 64] (tessera_model_trim frees them).
+constexpr size_t kMaxIdlePlans = 8;
+
+// Handed out when even the error object cannot be allocated; tessera_error_free skips it. Never
+// written after static initialisation.
+tessera_error g_out_of_memory{TESSERA_E_INTERNAL, "E_INTERNAL: out of memory"};
+
+tessera_code to_code(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::Constraint:
+      return TESSERA_E_CONSTRAINT;
+    case ErrorCode::Shape:
+      return TESSERA_E_SHAPE;
+    case ErrorCode::DType:
+      return TESSERA_E_DTYPE;
+    case ErrorCode::Arg:
+      return TESSERA_E_ARG;
+    case ErrorCode::Weights:
+      return TESSERA_E_WEIGHTS;
+    case ErrorCode::Format:
+      return TESSERA_E_FORMAT;
+    case ErrorCode::IO:
+      return TESSERA_E_IO;
+    case ErrorCode::Unsupported:
+      return TESSERA_E_UNSUPPORTED;
+    case ErrorCode::Internal:
+      return TESSERA_E_INTERNAL;
+  }
+  return TESSERA_E_INTERNAL;
+}
+
+std::optional<DType> to_dtype(tessera_dtype dtype) {
+  switch (dtype) {
+    case TESSERA_F32:
+      return DType::F32;
+    case TESSERA_F16:
+      return DType::F16;
+    case TESSERA_BF16:
+      return DType::BF16;
+    case TESSERA_F64:
+      return DType::F64;
+    case TESSERA_I64:
+      return DType::I64;
+    case TESSERA_I32:
+      return DType::I32;
+    case TESSERA_U8:
+      return DType::U8;
+    case TESSERA_I8:
+      return DType::I8;
+    case TESSERA_BOOL:
+      return DType::Bool;
+    case TESSERA_DTYPE_UNDEFINED:
+      break;
+  }
+  return std::nullopt;
+}
+
+tessera_dtype from_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::F32:
+      return TESSERA_F32;
+    case DType::F16:
+      return TESSERA_F16;
+    case DType::BF16:
+      return TESSERA_BF16;
+    case DType::F64:
+      return TESSERA_F64;
+    case DType::I64:
+      return TESSERA_I64;
+    case DType::I32:
+      return TESSERA_I32;
+    case DType::U8:
+      return TESSERA_U8;
+    case DType::I8:
+      return TESSERA_I8;
+    case DType::Bool:
+      return TESSERA_BOOL;
+  }
+  return TESSERA_DTYPE_UNDEFINED;
+}
+
+// Stores the failure in *error (when asked for) and returns its code. Never throws: if the
+// message cannot be allocated, the static out-of-memory error stands in.
+tessera_code report(tessera_error** error, tessera_code code, const char* message) noexcept {
+  if (error == nullptr) return code;
+  try {
+    std::string text = message;
+    // One line, as the command line prints it, whatever a nested message carried.
+    std::replace(text.begin(), text.end(), '\n', ' ');
+    std::replace(text.begin(), text.end(), '\r', ' ');
+    *error = new tessera_error{code, std::move(text)};
+  } catch (...) {
+    *error = &g_out_of_memory;
+  }
+  return code;
+}
+
+// Runs `body`, mapping every exception to a code: tessera::Error keeps its code and message;
+// anything else is E_INTERNAL naming `fn`, the C function that failed.
+template <class Body>
+tessera_code guarded(const char* fn, tessera_error** error, Body&& body) noexcept {
+  try {
+    body();
+    return TESSERA_OK;
+  } catch (const tessera::Error& e) {
+    return report(error, to_code(e.code()), e.what());
+  } catch (const std::bad_alloc&) {
+    return report(error, TESSERA_E_INTERNAL,
+                  (std::string("E_INTERNAL: ") + fn + ": out of memory").c_str());
+  } catch (const std::exception& e) {
+    try {
+      return report(error, TESSERA_E_INTERNAL,
+                    (std::string("E_INTERNAL: ") + fn + ": " + e.what()).c_str());
+    } catch (...) {
+      return report(error, TESSERA_E_INTERNAL, "E_INTERNAL: out of memory");
+    }
+  } catch (...) {
+    try {
+      return report(error, TESSERA_E_INTERNAL,
+                    (std::string("E_INTERNAL: ") + fn + ": unknown exception").c_str());
+    } catch (...) {
+      return report(error, TESSERA_E_INTERNAL, "E_INTERNAL: out of memory");
+    }
+  }
+}
+
+void require(const void* p, const char* what, const char* fn) {
+  if (p == nullptr) tessera::fail(ErrorCode::Arg, fn, std::string(what) + " is NULL");
+}
+
+// What a workspace was planned for: every input's shape and stored dtype, in input order.
+using PlanKey = std::vector<std::pair<tessera::Shape, DType>>;
+
+}  // namespace
+
+struct tessera_model {
+  explicit tessera_model(tessera::Model m) : model(std::move(m)) {
+    const tessera::Network& net = model.network();
+    for (int id : net.inputs()) {
+      const tessera::NetworkValue& v = net.values()[static_cast<size_t>(id)];
+      inputs.push_back({v.name, v.type});
+    }
+    for (const auto& [name, id] : net.outputs())
+      outputs.push_back({name, net.values()[static_cast<size_t>(id)].type});
+  }
+
+  struct Port {
+    std::string name;
+    tessera::ValueType type;  // as resolved: open dims symbolic unless the network fixes them
+  };
+
+  // A workspace for `key`: an idle one when the pool has it, else a new one (outside the lock:
+  // planning allocates every buffer).
+  std::unique_ptr<tessera::Plan> take(
+      const PlanKey& key, const std::map<std::string, tessera::TensorDesc>& descs) const {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (auto it = idle.begin(); it != idle.end(); ++it) {
+        if (it->first != key) continue;
+        std::unique_ptr<tessera::Plan> plan = std::move(it->second);
+        idle.erase(it);
+        return plan;
+      }
+    }
+    return std::make_unique<tessera::Plan>(model, descs);
+  }
+
+  // Back to the pool, most recently used first; the least recently used beyond the cap go.
+  void give_back(PlanKey key, std::unique_ptr<tessera::Plan> plan) const {
+    std::unique_ptr<tessera::Plan> dropped;  // freed after the lock is released
+    std::lock_guard<std::mutex> lock(mutex);
+    idle.emplace_front(std::move(key), std::move(plan));
+    if (idle.size() > kMaxIdlePlans) {
+      dropped = std::move(idle.back().second);
+      idle.pop_back();
+    }
+  }
+
+  tessera::Model model;
+  std::vector<Port> inputs, outputs;
+  // The pool is the only state runs share; a run holds the lock only to take or return a plan.
+  mutable std::mutex mutex;
+  mutable std::list<std::pair<PlanKey, std::unique_ptr<tessera::Plan>>> idle;
+};
+
+namespace {
+
+const tessera_model::Port& port(const tessera_model* model, bool input, size_t index,
+                                const char* fn) {
+  require(model, "model", fn);
+  const auto& ports = input ? model->inputs : model->outputs;
+  if (index >= ports.size())
+    tessera::fail(ErrorCode::Arg, fn,
+                  std::string(input ? "input" : "output") + " index " + std::to_string(index) +
+                      " is out of range (the model has " + std::to_string(ports.size()) + ")");
+  return ports[index];
+}
+
+tessera_code port_info(const tessera_model* model, bool input, size_t index, const char** name,
+                       tessera_dtype* dtype, size_t* rank, tessera_error** error, const char* fn) {
+  return guarded(fn, error, [&] {
+    const tessera_model::Port& p = port(model, input, index, fn);
+    if (name) *name = p.name.c_str();
+    if (dtype) *dtype = from_dtype(p.type.dtype);
+    if (rank) *rank = p.type.shape.size();
+  });
+}
+
+tessera_code port_dim(const tessera_model* model, bool input, size_t index, size_t axis,
+                      int64_t* size, const char** symbol, tessera_error** error, const char* fn) {
+  return guarded(fn, error, [&] {
+    const tessera_model::Port& p = port(model, input, index, fn);
+    if (axis >= p.type.shape.size())
+      tessera::fail(ErrorCode::Arg, fn,
+                    "axis " + std::to_string(axis) + " is out of range (" +
+                        std::string(input ? "input " : "output ") + p.name + " has rank " +
+                        std::to_string(p.type.shape.size()) + ")");
+    const tessera::Dim& d = p.type.shape[axis];
+    if (size) *size = d.is_fixed() ? d.value : -1;
+    if (symbol) *symbol = d.is_fixed() ? nullptr : d.text.c_str();
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+// ------------------------------------------------------------------------------------ errors
+
+tessera_code tessera_error_code(const tessera_error* error) {
+  return error ? error->code : TESSERA_OK;
+}
+
+const char* tessera_error_message(const tessera_error* error) {
+  return error ? error->message.c_str() : "";
+}
+
+void tessera_error_free(tessera_error* error) {
+  if (error != &g_out_of_memory) delete error;
+}
+
+const char* tessera_code_name(tessera_code code) {
+  switch (code) {
+    case TESSERA_OK:
+      return "OK";
+    case TESSERA_E_CONSTRAINT:
+      return "E_CONSTRAINT";
+    case TESSERA_E_SHAPE:
+      return "E_SHAPE";
+    case TESSERA_E_DTYPE:
+      return "E_DTYPE";
+    case TESSERA_E_ARG:
+      return "E_ARG";
+    case TESSERA_E_WEIGHTS:
+      return "E_WEIGHTS";
+    case TESSERA_E_FORMAT:
+      return "E_FORMAT";
+    case TESSERA_E_IO:
+      return "E_IO";
+    case TESSERA_E_UNSUPPORTED:
+      return "E_UNSUPPORTED";
+    case TESSERA_E_INTERNAL:
+      return "E_INTERNAL";
+  }
+  return "E_UNKNOWN";
+}
+
+// ----------------------------------------------------------------------------------- version
+
+const char* tessera_version(void) { return TESSERA_VERSION; }
+
+uint32_t tessera_version_number(void) { return TESSERA_VERSION_NUMBER; }
+
+// ----------------------------------------------------------------------------------- threads
+
+tessera_code tessera_set_num_threads(int n, tessera_error** error) {
+  return guarded("tessera_set_num_threads", error, [&] {
+    if (n < 0)
+      tessera::fail(ErrorCode::Arg, "tessera_set_num_threads",
+                    "n=" + std::to_string(n) + " must be >= 1, or 0 for all cores");
+    tessera::set_num_threads(n);
+  });
+}
+
+int tessera_num_threads(void) {
+  try {
+    return tessera::num_threads();
+  } catch (...) {
+    return 1;  // oneTBB could not report the cores: a run would use at least one thread
+  }
+}
+
+// ------------------------------------------------------------------------------------ dtypes
+
+const char* tessera_dtype_name(tessera_dtype dtype) {
+  const std::optional<DType> d = to_dtype(dtype);
+  return d ? tessera::dtype_safetensors_name(*d) : "UNDEFINED";
+}
+
+size_t tessera_dtype_size(tessera_dtype dtype) {
+  const std::optional<DType> d = to_dtype(dtype);
+  return d ? tessera::dtype_size(*d) : 0;
+}
+
+// ----------------------------------------------------------------------------------- tensors
+
+tessera_code tessera_tensor_wrap(void* data, tessera_dtype dtype, const int64_t* shape, size_t rank,
+                                 tessera_tensor** tensor, tessera_error** error) {
+  constexpr const char* fn = "tessera_tensor_wrap";
+  return guarded(fn, error, [&] {
+    require(tensor, "tensor", fn);
+    if (rank > 0) require(shape, "shape", fn);
+    const std::optional<DType> d = to_dtype(dtype);
+    if (!d)
+      tessera::fail(ErrorCode::Arg, fn,
+                    "dtype " + std::to_string(static_cast<int>(dtype)) + " is not a tessera_dtype");
+    const tessera::Shape dims(shape, shape + rank);
+    const int64_t numel = tessera::shape_numel(dims);  // E_SHAPE: negative dim, overflow
+    int64_t bytes = 0;
+    if (__builtin_mul_overflow(numel, static_cast<int64_t>(tessera::dtype_size(*d)), &bytes))
+      tessera::fail(ErrorCode::Shape, fn,
+                    "the byte size of " + tessera::shape_to_string(dims) + " " +
+                        tessera::dtype_safetensors_name(*d) + " overflows");
+    if (data == nullptr && numel > 0)
+      tessera::fail(ErrorCode::Arg, fn, "data is NULL for " + std::to_string(numel) + " elements");
+    if (reinterpret_cast<uintptr_t>(data) % tessera::dtype_size(*d) != 0)
+      tessera::fail(ErrorCode::Arg, fn,
+                    std::string("data is not aligned to the ") +
+                        std::to_string(tessera::dtype_size(*d)) + "-byte elements of " +
+                        tessera::dtype_safetensors_name(*d));
+    // A zero-size view of no buffer still needs an address: point at a static byte, never read.
+    static char no_elements;
+    *tensor = new tessera_tensor{Tensor::wrap(data ? data : &no_elements, dims, *d, nullptr)};
+  });
+}
+
+tessera_code tessera_tensor_read(const char* path, const char* name, tessera_tensor** tensor,
+                                 tessera_error** error) {
+  constexpr const char* fn = "tessera_tensor_read";
+  return guarded(fn, error, [&] {
+    require(path, "path", fn);
+    require(name, "name", fn);
+    require(tensor, "tensor", fn);
+    // clone(): a private, writable copy (the file's mapping is read-only and is unmapped here).
+    Tensor t = tessera::SafetensorsFile::open(path).tensor(name).clone();
+    *tensor = new tessera_tensor{std::move(t)};
+  });
+}
+
+void tessera_tensor_free(tessera_tensor* tensor) { delete tensor; }
+
+tessera_dtype tessera_tensor_dtype(const tessera_tensor* tensor) {
+  return tensor ? from_dtype(tensor->tensor.dtype()) : TESSERA_DTYPE_UNDEFINED;
+}
+
+size_t tessera_tensor_rank(const tessera_tensor* tensor) {
+  return tensor ? tensor->tensor.shape().size() : 0;
+}
+
+const int64_t* tessera_tensor_shape(const tessera_tensor* tensor) {
+  if (!tensor || tensor->tensor.shape().empty()) return nullptr;
+  return tensor->tensor.shape().data();
+}
+
+int64_t tessera_tensor_numel(const tessera_tensor* tensor) {
+  return tensor ? tensor->tensor.numel() : 0;
+}
+
+size_t tessera_tensor_nbytes(const tessera_tensor* tensor) {
+  return tensor ? tensor->tensor.nbytes() : 0;
+}
+
+void* tessera_tensor_data(const tessera_tensor* tensor) {
+  return tensor ? tensor->tensor.raw_data() : nullptr;
+}
+
+// ------------------------------------------------------------------------------------ models
+
+tessera_code tessera_model_load(const char* network_path, const char* weights_path, uint32_t flags,
+                                tessera_model** model, tessera_error** error) {
+  constexpr const char* fn = "tessera_model_load";
+  return guarded(fn, error, [&] {
+    require(network_path, "network_path", fn);
+    require(model, "model", fn);
+    if (flags & ~TESSERA_LOAD_NON_STRICT)
+      tessera::fail(ErrorCode::Arg, fn,
+                    "unknown flag bits " + std::to_string(flags & ~TESSERA_LOAD_NON_STRICT));
+    const bool strict = (flags & TESSERA_LOAD_NON_STRICT) == 0;
+    std::optional<std::string> weights;
+    if (weights_path) weights = weights_path;
+    tessera::LoadedModel loaded = tessera::load_model(network_path, weights, strict);
+    // The command line runs such a network with random parameters and a warning; a library has
+    // nowhere to put the warning, so it takes the flag that says random weights are intended.
+    if (strict && loaded.weights.empty() && loaded.model.parameter_count() > 0)
+      tessera::fail(ErrorCode::Weights, network_path,
+                    "no weights: the network has " +
+                        std::to_string(loaded.model.parameter_count()) +
+                        " parameters, it stores none and no weights file was given "
+                        "(TESSERA_LOAD_NON_STRICT initialises them from seed 0)");
+    *model = new tessera_model(std::move(loaded.model));
+  });
+}
+
+void tessera_model_free(tessera_model* model) { delete model; }
+
+size_t tessera_model_num_inputs(const tessera_model* model) {
+  return model ? model->inputs.size() : 0;
+}
+
+size_t tessera_model_num_outputs(const tessera_model* model) {
+  return model ? model->outputs.size() : 0;
+}
+
+tessera_code tessera_model_input(const tessera_model* model, size_t index, const char** name,
+                                 tessera_dtype* dtype, size_t* rank, tessera_error** error) {
+  return port_info(model, true, index, name, dtype, rank, error, "tessera_model_input");
+}
+
+tessera_code tessera_model_output(const tessera_model* model, size_t index, const char** name,
+                                  tessera_dtype* dtype, size_t* rank, tessera_error** error) {
+  return port_info(model, false, index, name, dtype, rank, error, "tessera_model_output");
+}
+
+tessera_code tessera_model_input_dim(const tessera_model* model, size_t index, size_t axis,
+                                     int64_t* size, const char** symbol, tessera_error** error) {
+  return port_dim(model, true, index, axis, size, symbol, error, "tessera_model_input_dim");
+}
+
+tessera_code tessera_model_output_dim(const tessera_model* model, size_t index, size_t axis,
+                                      int64_t* size, const char** symbol, tessera_error** error) {
+  return port_dim(model, false, index, axis, size, symbol, error, "tessera_model_output_dim");
+}
+
+tessera_code tessera_model_run(const tessera_model* model, const tessera_tensor* const* inputs,
+                               size_t num_inputs, tessera_tensor** outputs, size_t num_outputs,
+                               tessera_error** error) {
+  constexpr const char* fn = "tessera_model_run";
+  return guarded(fn, error, [&] {
+    require(model, "model", fn);
+    if (num_inputs > 0) require(inputs, "inputs", fn);
+    if (num_outputs > 0) require(outputs, "outputs", fn);
+    if (num_inputs != model->inputs.size())
+      tessera::fail(ErrorCode::Arg, fn,
+                    "got " + std::to_string(num_inputs) + " inputs, the network has " +
+                        std::to_string(model->inputs.size()));
+    if (num_outputs != model->outputs.size())
+      tessera::fail(ErrorCode::Arg, fn,
+                    "got " + std::to_string(num_outputs) + " output slots, the network has " +
+                        std::to_string(model->outputs.size()) + " outputs");
+    std::map<std::string, Tensor> tensors;
+    std::map<std::string, tessera::TensorDesc> descs;
+    PlanKey key;
+    for (size_t i = 0; i < num_inputs; ++i) {
+      const std::string& name = model->inputs[i].name;
+      if (!inputs[i]) tessera::fail(ErrorCode::Arg, fn, "input " + name + " is NULL");
+      const Tensor& t = inputs[i]->tensor;
+      tensors.emplace(name, t);
+      descs[name] = tessera::TensorDesc{t.shape(), t.dtype()};
+      key.emplace_back(t.shape(), t.dtype());
+    }
+    // Binding checks every input (E_DTYPE, E_SHAPE, E_CONSTRAINT) before anything runs.
+    std::unique_ptr<tessera::Plan> plan = model->take(key, descs);
+
+    // Caller-owned outputs must match exactly: checked before the run, so a mismatch costs
+    // nothing and writes nothing (and the workspace, still good, goes back to the pool).
+    const tessera::Network& net = model->model.network();
+    try {
+      for (size_t k = 0; k < num_outputs; ++k) {
+        if (!outputs[k]) continue;
+        const tessera::ValueType& want =
+            plan->types()[static_cast<size_t>(net.outputs()[k].second)];
+        const Tensor& have = outputs[k]->tensor;
+        const std::string where = "output " + model->outputs[k].name;
+        if (have.dtype() != want.dtype)
+          tessera::fail(ErrorCode::DType, where,
+                        std::string("the buffer is ") +
+                            tessera::dtype_safetensors_name(have.dtype()) + ", the output is " +
+                            tessera::dtype_safetensors_name(want.dtype));
+        if (have.shape() != tessera::concrete_shape(want.shape))
+          tessera::fail(ErrorCode::Shape, where,
+                        "the buffer is " + have.shape_str() + ", the output is " +
+                            tessera::sym_shape_to_string(want.shape));
+      }
+    } catch (...) {
+      model->give_back(std::move(key), std::move(plan));
+      throw;
+    }
+
+    const std::vector<std::pair<std::string, Tensor>>& results = plan->run(tensors);
+    // New tensors first, slots after: a failed allocation leaves every slot as it was.
+    std::vector<std::unique_ptr<tessera_tensor>> fresh(num_outputs);
+    for (size_t k = 0; k < num_outputs; ++k)
+      if (!outputs[k])
+        fresh[k] = std::make_unique<tessera_tensor>(tessera_tensor{results[k].second.clone()});
+    for (size_t k = 0; k < num_outputs; ++k)
+      if (outputs[k]) outputs[k]->tensor.copy_from(results[k].second);
+    model->give_back(std::move(key), std::move(plan));
+    for (size_t k = 0; k < num_outputs; ++k)
+      if (fresh[k]) outputs[k] = fresh[k].release();
+  });
+}
+
+void tessera_model_trim(tessera_model* model) {
+  if (!model) return;
+  std::list<std::pair<PlanKey, std::unique_ptr<tessera::Plan>>> idle;
+  {
+    std::lock_guard<std::mutex> lock(model->mutex);
+    idle.swap(model->idle);
+  }
+  // The plans (and their buffers) are freed here, outside the lock.
+}
+
+}  // extern "C"
