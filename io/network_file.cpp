@@ -109,6 +109,14 @@ bool nests_deeper_than(const ojson& j, int limit) {
   return false;
 }
 
+[[noreturn]] void fail_too_deep(const std::string& origin) {
+  fail(ErrorCode::Format, origin,
+       "JSON nests arrays and objects deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+}
+
+// The network described by `j`, whose depth is already known to be within kMaxJsonDepth.
+NetworkSpec spec_from_json(const ojson& j, const std::string& origin);
+
 std::string read_text_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(ErrorCode::IO, path, std::string("cannot open: ") + std::strerror(errno));
@@ -158,8 +166,7 @@ NetworkSpec parse_network(const std::string& json_text, const std::string& origi
   try {
     j = ojson::parse(json_text, refuse_deep);
   } catch (const TooDeep&) {
-    fail(ErrorCode::Format, origin,
-         "JSON nests arrays and objects deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    fail_too_deep(origin);
   } catch (const nlohmann::json::exception& e) {
     // Not only parse_error: a number past the double range ("1e606") is out_of_range.406.
     // e.what() is "[json.exception.parse_error.101] parse error at line 3, column 7: ...";
@@ -170,16 +177,20 @@ NetworkSpec parse_network(const std::string& json_text, const std::string& origi
       what = what.substr(close + 2);
     fail(ErrorCode::Format, origin, "not valid JSON: " + what);
   }
-  return parse_network(j, origin);
+  return spec_from_json(j, origin);  // the parse already bounded the depth
 }
 
 NetworkSpec parse_network(const ojson& j, const std::string& origin) {
+  // A value built by the caller: nlohmann destroys values without recursion, but copies and
+  // prints them recursively (args are copied, and printed in messages): refuse depth first.
+  if (nests_deeper_than(j, kMaxJsonDepth)) fail_too_deep(origin);
+  return spec_from_json(j, origin);
+}
+
+namespace {
+
+NetworkSpec spec_from_json(const ojson& j, const std::string& origin) {
   const std::string& where = origin;
-  // nlohmann parses and destroys values without recursion, but copies and prints them
-  // recursively (args are copied below, and printed in messages): refuse depth first.
-  if (nests_deeper_than(j, kMaxJsonDepth))
-    fail(ErrorCode::Format, where,
-         "JSON nests arrays and objects deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   if (!j.is_object())
     fail(ErrorCode::Arg, where,
          std::string("the network must be a JSON object, got ") + json_type(j));
@@ -295,6 +306,8 @@ NetworkSpec parse_network(const ojson& j, const std::string& origin) {
   }
   return spec;
 }
+
+}  // namespace
 
 NetworkSpec network_from_checkpoint(const SafetensorsFile& file) {
   const auto it = file.metadata().find(kNetworkMetadataKey);
