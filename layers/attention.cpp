@@ -168,18 +168,6 @@ Attention::Attention(int64_t dim, const AttentionOptions& options, std::optional
   if (has_qkv_bias(opt_)) qkv_bias_ = Tensor::zeros({3 * dim_}, DType::F32);
   bind_packed_qkv();
 
-  if (opt_.relative_position_bias) {
-    // Non-persistent: rebuilt here from spatial_shape, never loaded or stored.
-    const int64_t H = opt_.spatial_h, W = opt_.spatial_w, T = H * W;
-    rel_index_ = Tensor::empty({T, T}, DType::I64);
-    int64_t* idx = rel_index_.data<int64_t>();
-    for (int64_t q = 0; q < T; ++q)
-      for (int64_t k = 0; k < T; ++k) {
-        const int64_t dy = q / W - k / W + (H - 1);  // 0 .. 2H-2
-        const int64_t dx = q % W - k % W + (W - 1);  // 0 .. 2W-2
-        idx[q * T + k] = dy * (2 * W - 1) + dx;
-      }
-  }
   if (!seed) return;
   Generator gen(*seed);
   reset_parameters(gen);
@@ -190,7 +178,6 @@ Attention::Attention(const Attention& other)
       opt_(other.opt_),
       where_(other.where_),
       params_(other.params_),
-      rel_index_(other.rel_index_),  // never written after construction: sharing is safe
       training_(other.training_) {
   for (Parameter& p : params_.all()) p.value = p.value.clone();
   qkv_weight_ = Tensor::zeros({3 * dim_, dim_}, DType::F32);
@@ -259,6 +246,16 @@ LoadResult Attention::load_state_dict(const std::map<std::string, Tensor>& state
 
 std::map<std::string, Tensor> Attention::state_dict() const { return params_.state_dict(); }
 
+Tensor Attention::relative_position_index() const {
+  if (!opt_.relative_position_bias) return {};
+  const int64_t H = opt_.spatial_h, W = opt_.spatial_w, T = H * W;
+  Tensor index = Tensor::empty({T, T}, DType::I64);
+  int64_t* idx = index.data<int64_t>();
+  for (int64_t q = 0; q < T; ++q)
+    for (int64_t k = 0; k < T; ++k) idx[q * T + k] = tessera::relative_position_index(q, k, H, W);
+  return index;
+}
+
 // ---------------------------------------------------------------- forward
 
 Tensor Attention::forward(const Tensor& x, uint64_t dropout_seed) const {
@@ -319,22 +316,17 @@ Tensor Attention::forward(const Tensor& x, uint64_t dropout_seed) const {
     });
   }
 
-  // 3. The relative-position bias [heads, T, T], gathered from the table through the index;
-  //    shared by every batch element (batch stride 0 below).
-  Tensor bias;
+  // 3. The relative-position bias table [(2H-1)(2W-1), heads] transposed to one contiguous row
+  //    per head, which the kernel indexes per tile (16129 x 8 floats at T = 4096, against the
+  //    512 MB [heads, T, T] a gathered bias would take).
+  std::vector<float> rel_table;
   if (opt_.relative_position_bias) {
-    bias = Tensor::empty({heads, T, T}, DType::F32);
     const Tensor table = params_.tensor(kTable).to(DType::F32).contiguous();
     const float* tab = table.data<float>();
-    const int64_t* idx = rel_index_.data<int64_t>();
-    float* bp = bias.data<float>();
-    parallel_for(0, T, std::max<int64_t>(1, 16384 / (T * heads)), [&](int64_t q0, int64_t q1) {
-      for (int64_t q = q0; q < q1; ++q)
-        for (int64_t k = 0; k < T; ++k) {
-          const float* row = tab + idx[q * T + k] * heads;
-          for (int64_t h = 0; h < heads; ++h) bp[(h * T + q) * T + k] = row[h];
-        }
-    });
+    const int64_t entries = table.size(0);
+    rel_table.resize(static_cast<size_t>(entries * heads));
+    for (int64_t i = 0; i < entries; ++i)
+      for (int64_t h = 0; h < heads; ++h) rel_table[h * entries + i] = tab[i * heads + h];
   }
 
   // 4. softmax(q k^T / sqrt(hd) + bias [+ causal -inf]) v, read from the packed buffer in place
@@ -356,11 +348,11 @@ Tensor Attention::forward(const Tensor& x, uint64_t dropout_seed) const {
   a.out_batch_stride = T * D;
   a.out_row_stride = D;
   a.out_head_stride = hd;
-  if (bias.defined()) {
-    a.mask = bias.data<float>();
-    a.mask_batch_stride = 0;
-    a.mask_head_stride = T * T;
-    a.mask_row_stride = T;
+  if (opt_.relative_position_bias) {
+    a.rel_table = rel_table.data();
+    a.rel_head_stride = static_cast<int64_t>(rel_table.size()) / heads;
+    a.grid_h = opt_.spatial_h;
+    a.grid_w = opt_.spatial_w;
   }
   a.causal = opt_.causal;
   if (training_ && opt_.dropout > 0.0) {

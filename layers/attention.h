@@ -55,8 +55,9 @@ class Attention {
   std::map<std::string, Tensor> state_dict() const;  // never includes relative_position_index
   const ParameterSet& parameters() const { return params_; }
   ParameterSet& parameters() { return params_; }
-  // The non-persistent [T, T] int64 gather index (empty without relative_position_bias).
-  const Tensor& relative_position_index() const { return rel_index_; }
+  // PyTorch's non-persistent [T, T] int64 gather index, built on request (empty without
+  // relative_position_bias). forward never builds it: the kernel computes each index.
+  Tensor relative_position_index() const;
 
   // x [B, T, D] -> [B, T, D] float32. Checks T against spatial_shape (E_CONSTRAINT).
   // Thread-safe (const). In training mode with dropout > 0, `dropout_seed` seeds the mask.
@@ -83,7 +84,6 @@ class Attention {
   ParameterSet params_;
   Tensor qkv_weight_;  // [3D, D] float32: q, k, v weights stacked for one GEMM
   Tensor qkv_bias_;    // [3D] float32, undefined when q/k/v carry no bias
-  Tensor rel_index_;
   bool training_ = false;
 };
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/kernels.h"
 #include "core/parallel.h"
 
 namespace tessera {
@@ -79,6 +80,11 @@ void attention_fused_f32(const KernelTable& k, const AttentionArgs& a) {
         t.mask = a.mask + b * a.mask_batch_stride + h * a.mask_head_stride + l0 * a.mask_row_stride;
         t.mask_stride = a.mask_row_stride;
       }
+      if (a.rel_table) {
+        t.rel_table = a.rel_table + h * a.rel_head_stride;
+        t.grid_h = a.grid_h;
+        t.grid_w = a.grid_w;
+      }
       t.causal = a.causal;
       t.out = a.out + b * a.out_batch_stride + l0 * a.out_row_stride + h * a.out_head_stride;
       t.out_stride = a.out_row_stride;
@@ -94,13 +100,14 @@ double attention_scratch_bytes(const Device& device, int64_t kv_len, int64_t hea
                                int64_t v_head_dim) {
   const KernelTable& k = device.kernels();
   // Fused: a tile of at most 256 rows plus 16 floats of alignment slack. Unfused: a scores tile
-  // of query_tile_rows(S) rows by S keys. Each parallel_for chunk holds one, and at most
-  // num_threads() chunks run at once.
+  // of query_tile_rows(S) rows by S keys, and with a relative-position bias a second one for the
+  // bias rows (counted always: the bound stays simple and is at most 2 MiB per thread here).
+  // Each parallel_for chunk holds one set, and at most num_threads() chunks run at once.
   const double fused =
       k.flash_attention_f32 != nullptr
           ? static_cast<double>(k.flash_attention_scratch_floats(256, head_dim, v_head_dim)) + 16.0
           : 0.0;
-  const double unfused = static_cast<double>(query_tile_rows(kv_len)) *
+  const double unfused = 2.0 * static_cast<double>(query_tile_rows(kv_len)) *
                          static_cast<double>(std::max<int64_t>(kv_len, 1));
   return static_cast<double>(num_threads()) * sizeof(float) * std::max(fused, unfused);
 }
@@ -119,8 +126,9 @@ void attention_forward_f32(const Device& device, const AttentionArgs& a) {
 
   parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
     // One scores tile per chunk of tasks (not per task): a few allocations per call.
-    std::vector<float> scratch;
+    std::vector<float> scratch, bias;
     if (!a.weights) scratch.resize(static_cast<size_t>(tile * std::max<int64_t>(S, 1)));
+    if (a.rel_table) bias.resize(static_cast<size_t>(tile * std::max<int64_t>(S, 1)));
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t b = task / (a.heads * tiles_per_head);
       const int64_t h = (task / tiles_per_head) % a.heads;
@@ -152,13 +160,27 @@ void attention_forward_f32(const Device& device, const AttentionArgs& a) {
       const float* mask = a.mask ? a.mask + b * a.mask_batch_stride + h * a.mask_head_stride +
                                        l0 * a.mask_row_stride
                                  : nullptr;
+      int64_t mask_row_stride = a.mask_row_stride;
+      if (a.rel_table) {
+        // This tile's [rows, kv_vis] additive term: mask (if any) + bias, as the fused kernel.
+        const float* table = a.rel_table + h * a.rel_head_stride;
+        for (int64_t r = 0; r < rows; ++r) {
+          float* dst = bias.data() + r * kv_vis;
+          for (int64_t s = 0; s < kv_vis; ++s) {
+            const float m = mask ? mask[r * a.mask_row_stride + s] : 0.0f;
+            dst[s] = m + table[relative_position_index(l0 + r, s, a.grid_h, a.grid_w)];
+          }
+        }
+        mask = bias.data();
+        mask_row_stride = kv_vis;
+      }
       if (!a.causal) {
-        k.softmax_rows_f32(rows, kv_vis, p, ldp, 1.0f, mask, a.mask_row_stride, p, ldp);
+        k.softmax_rows_f32(rows, kv_vis, p, ldp, 1.0f, mask, mask_row_stride, p, ldp);
       } else {
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t cols = std::min(S, l0 + r + 1);
           float* row = p + r * ldp;
-          k.softmax_rows_f32(1, cols, row, ldp, 1.0f, mask ? mask + r * a.mask_row_stride : nullptr,
+          k.softmax_rows_f32(1, cols, row, ldp, 1.0f, mask ? mask + r * mask_row_stride : nullptr,
                              0, row, ldp);
           std::fill(row + cols, row + kv_vis, 0.0f);
         }

@@ -75,6 +75,8 @@ struct Problem {
   int64_t q_stride = 0, k_stride = 0, v_stride = 0, out_stride = 0, mask_stride = 0;
   bool has_mask = false;
   std::vector<float> q, k, v, mask;  // mask: rows (or 1 when mask_stride == 0) x mask_stride
+  int64_t grid_h = 0, grid_w = 0;    // relative-position bias when grid_h > 0
+  std::vector<float> table;          // [(2 grid_h - 1) (2 grid_w - 1)]
 
   // Strides larger than the widths, by odd amounts.
   void Shape(int64_t rows_, int64_t kv_, int64_t d_, int64_t dv_) {
@@ -113,11 +115,28 @@ struct Problem {
       for (int64_t s = 0; s < kv_len; ++s) mask[static_cast<size_t>(r * (kv_len + 3) + s)] = 0.0f;
   }
 
+  // A random relative-position bias table for an h x w grid.
+  void RelBias(int64_t h, int64_t w, std::mt19937& rng) {
+    grid_h = h;
+    grid_w = w;
+    std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+    table.resize(static_cast<size_t>((2 * h - 1) * (2 * w - 1)));
+    for (float& x : table) x = u(rng);
+  }
+  // The bias of query r against key s, from the grid coordinates directly (not through
+  // relative_position_index, the formula the kernel implements).
+  double Bias(int64_t r, int64_t s) const {
+    const int64_t q = q_pos0 + r;
+    const int64_t dy = q / grid_w - s / grid_w, dx = q % grid_w - s % grid_w;
+    return table[static_cast<size_t>((dy + grid_h - 1) * (2 * grid_w - 1) + dx + grid_w - 1)];
+  }
+
   std::string Describe() const {
     std::ostringstream os;
     os << "rows=" << rows << " kv_len=" << kv_len << " d=" << d << " dv=" << dv
        << " q_pos0=" << q_pos0 << " causal=" << causal << " scale=" << scale
        << " mask=" << (has_mask ? (mask_stride == 0 ? "one-row" : "full") : "none");
+    if (grid_h > 0) os << " grid=" << grid_h << "x" << grid_w;
     return os.str();
   }
 };
@@ -136,6 +155,7 @@ std::vector<double> Reference(Problem& p) {
       for (int64_t i = 0; i < p.d; ++i) dot += static_cast<double>(p.Q(r, i)) * p.K(s, i);
       double x = static_cast<double>(p.scale) * dot;
       if (p.has_mask) x += p.mask_stride == 0 ? p.mask[static_cast<size_t>(s)] : p.M(r, s);
+      if (p.grid_h > 0) x += p.Bias(r, s);
       score[static_cast<size_t>(s)] = x;
       nan |= std::isnan(x);
       mx = std::max(mx, x);
@@ -183,6 +203,11 @@ std::vector<float> Run(Problem& p) {
   t.v_stride = p.v_stride;
   t.mask = p.has_mask ? p.mask.data() : nullptr;
   t.mask_stride = p.mask_stride;
+  if (p.grid_h > 0) {
+    t.rel_table = p.table.data();
+    t.grid_h = p.grid_h;
+    t.grid_w = p.grid_w;
+  }
   t.causal = p.causal;
   t.out = out.data();
   t.out_stride = p.out_stride;
@@ -371,6 +396,44 @@ BOOST_AUTO_TEST_CASE(masks) {
         }
       }
     }
+  }
+}
+
+// Relative-position bias looked up in the tile: grids whose rows hold whole row vectors (the
+// load path: W = 16, 32, 48), rows that straddle grid rows (the gather path: W = 5, 20, 33,
+// and tiles starting off a vector boundary), one-column and one-row grids, T not a multiple of
+// the tile, with a mask and the causal cut on top; the tile is any slice of the T queries.
+BOOST_AUTO_TEST_CASE(relative_position_bias) {
+  LogWorstError log;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  std::bernoulli_distribution masked(0.2);
+  struct Case {
+    int64_t h, w, q_pos0, rows;
+    bool causal, mask;
+  };
+  const Case cases[] = {
+      {4, 16, 0, 64, false, false},  {3, 32, 32, 64, false, false}, {2, 48, 0, 96, true, false},
+      {6, 5, 0, 30, false, false},   {5, 20, 16, 70, false, true},  {3, 33, 7, 80, true, false},
+      {17, 1, 0, 17, false, false},  {1, 40, 3, 37, true, true},    {1, 1, 0, 1, false, false},
+      {16, 16, 0, 256, false, true}, {20, 20, 100, 300, true, false},
+  };
+  for (const Case& c : cases) {
+    Problem p;
+    const int64_t T = c.h * c.w;
+    p.Shape(c.rows, T, 16, 24);
+    p.Random(rng);
+    p.q_pos0 = c.q_pos0;
+    p.causal = c.causal;
+    p.scale = 0.25f;
+    p.RelBias(c.h, c.w, rng);
+    if (c.mask) {
+      p.Mask(false);
+      for (int64_t r = 0; r < c.rows; ++r)
+        for (int64_t s = 0; s < T; ++s) p.M(r, s) = masked(rng) ? -kInf : u(rng);
+    }
+    BOOST_TEST_REQUIRE(c.q_pos0 + c.rows <= T);
+    Check(p);
   }
 }
 

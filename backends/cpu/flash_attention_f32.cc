@@ -5,7 +5,7 @@
 // row blocks of 2 vectors (32 rows on AVX-512) whose queries, pre-multiplied by `scale`, are
 // transposed once into scratch as qt[block][d][row]. Keys are consumed in blocks of 32; each key
 // block is copied once per panel into contiguous scratch and then serves every row block:
-//   1. scores S[key][row] = qt . k (+ mask, causal cut). Register tile of 2 row vectors x 8
+//   1. scores S[key][row] = qt . k (+ mask, + relative-position bias, causal cut). Register tile of 2 row vectors x 8
 //      keys: per d, 2 aligned loads of qt and 8 broadcasts of k[s][d] feed 16 FMAs into 16
 //      accumulators (AVX-512 has 32 registers: 16 accumulators + 2 q + 8 k + spare). 4 row
 //      vectors x 4 keys (4 loads + 4 broadcasts per 16 FMAs) measured 3-5% slower: its 64-row
@@ -265,39 +265,83 @@ HWY_INLINE void PvTile(DF d, const BlockCtx& c, size_t r, size_t c0, size_t nk, 
     for (size_t v = 0; v < NV; ++v) hn::Store(acc[i][v], d, o + i * c.dv_pad + v * N);
 }
 
-// Transposes mask[r0 + row][s0 + j] into scores[j][row]. Rows past nr get -inf (ignored by the
+// Writes the additive term of scores[j][row] for keys s0 .. s0+nk-1: mask[r0 + row][s0 + j]
+// plus the relative-position bias (either may be absent). Rows past nr get -inf (ignored by the
 // all-masked test). Returns false when every entry is -inf: the block adds nothing to these
 // rows and is skipped.
 template <size_t RV>
-HWY_INLINE bool FillMask(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
+HWY_INLINE bool FillAdditive(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
   const FlashAttentionTile& t = *c.t;
   const size_t N = hn::Lanes(d);
   const DI di;
   const VF neg_inf = hn::Set(d, kNegInf);
-  const float* base = t.mask + c.r0 * t.mask_stride + s0;
   auto visible = hn::Lt(neg_inf, neg_inf);  // all false
+  const float* mbase = t.mask ? t.mask + c.r0 * t.mask_stride + s0 : nullptr;
   // The gather takes 32-bit lane offsets: row * mask_stride must fit for rows < 32.
-  const bool gather = t.mask_stride != 0 && t.mask_stride <= (int64_t{1} << 31) / 32;
+  const bool mask_gather = t.mask_stride != 0 && t.mask_stride <= (int64_t{1} << 31) / 32;
+
+  // Bias index (core/kernels.h) split as qbase(q) - koff(s), with
+  //   qbase(q) = (q / W + H - 1)(2W - 1) + q % W + W - 1,  koff(s) = (s / W)(2W - 1) + s % W.
+  // koff of this key block is computed once, stepping the grid column (one division, not 32:
+  // 32 int64 divisions would cost about half of the block's 2048-cycle score GEMM).
+  const int64_t W = t.grid_w, R = 2 * W - 1;
+  const auto qbase = [&t, W, R](int64_t q) { return (q / W + t.grid_h - 1) * R + q % W + W - 1; };
+  int64_t koff[kKeyBlock];
+  bool bias_gather = false;  // the gather's int32 indices hold every index of the table
+  if (t.rel_table) {
+    int64_t sy = s0 / W, sx = s0 % W;
+    for (size_t j = 0; j < nk; ++j) {
+      koff[j] = sy * R + sx;
+      if (++sx == W) sx = 0, ++sy;
+    }
+    bias_gather = (2 * t.grid_h - 1) * R <= std::numeric_limits<int32_t>::max();
+  }
+
   for (size_t rv = 0; rv < RV; ++rv) {
     const size_t first = rv * N;
-    const auto valid = hn::FirstN(d, c.nr > first ? c.nr - first : 0);
-    // Offsets of this vector's rows; invalid lanes read row r0 (valid memory).
+    const size_t lanes = c.nr > first ? std::min(N, c.nr - first) : 0;
+    const auto valid = hn::FirstN(d, lanes);
+    // Offsets of this vector's rows in the mask; invalid lanes read row r0 (valid memory).
     auto rows = hn::Add(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(first)));
     rows = hn::IfThenElseZero(hn::RebindMask(di, valid), rows);
-    const auto offs = hn::Mul(rows, hn::Set(di, static_cast<int32_t>(gather ? t.mask_stride : 0)));
+    const auto moffs =
+        hn::Mul(rows, hn::Set(di, static_cast<int32_t>(mask_gather ? t.mask_stride : 0)));
+    // This vector's queries are q_first + i. When they share a grid row (every vector once
+    // W >= 16 and W is a multiple of 16, as tiles start at multiples of 32), their indices
+    // for one key are consecutive: one unaligned load from the table. Otherwise a gather
+    // (invalid lanes repeat lane 0's query: valid memory).
+    const int64_t q_first = t.q_pos0 + c.r0 + static_cast<int64_t>(first);
+    const bool bias_row =
+        t.rel_table && lanes == N && q_first % W + static_cast<int64_t>(N) <= W;
+    HWY_ALIGN int32_t qb[hn::MaxLanes(DI())] = {};
+    if (t.rel_table && !bias_row && bias_gather)
+      for (size_t i = 0; i < N; ++i)
+        qb[i] = static_cast<int32_t>(qbase(q_first + static_cast<int64_t>(i < lanes ? i : 0)));
+    const auto qbv = hn::Load(di, qb);
+    const float* row_bias = bias_row ? t.rel_table + qbase(q_first) : nullptr;
+
     for (size_t j = 0; j < nk; ++j) {
-      VF v;
-      if (t.mask_stride == 0) {
-        v = hn::Set(d, base[j]);
-      } else if (gather) {
-        v = hn::GatherIndex(d, base + j, offs);
-      } else {
+      VF v = hn::Zero(d);
+      if (mbase && t.mask_stride == 0) {
+        v = hn::Set(d, mbase[j]);
+      } else if (mbase && mask_gather) {
+        v = hn::GatherIndex(d, mbase + j, moffs);
+      } else if (mbase) {
         HWY_ALIGN float buf[hn::MaxLanes(DF())];
-        for (size_t i = 0; i < N; ++i) {
-          buf[i] = first + i < c.nr ? base[static_cast<int64_t>(first + i) * t.mask_stride + j]
-                                    : kNegInf;
-        }
+        for (size_t i = 0; i < N; ++i)
+          buf[i] = i < lanes ? mbase[static_cast<int64_t>(first + i) * t.mask_stride + j] : kNegInf;
         v = hn::Load(d, buf);
+      }
+      if (row_bias) {
+        v = hn::Add(v, hn::LoadU(d, row_bias - koff[j]));
+      } else if (t.rel_table && bias_gather) {
+        v = hn::Add(v, hn::GatherIndex(d, t.rel_table,
+                                       hn::Sub(qbv, hn::Set(di, static_cast<int32_t>(koff[j])))));
+      } else if (t.rel_table) {
+        HWY_ALIGN float buf[hn::MaxLanes(DF())];
+        for (size_t i = 0; i < N; ++i)
+          buf[i] = t.rel_table[qbase(q_first + static_cast<int64_t>(i < lanes ? i : 0)) - koff[j]];
+        v = hn::Add(v, hn::Load(d, buf));
       }
       v = hn::IfThenElse(valid, v, neg_inf);
       visible = hn::Or(visible, hn::Ne(v, neg_inf));
@@ -312,8 +356,8 @@ template <size_t RV>
 void RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
   const FlashAttentionTile& t = *c.t;
   const size_t N = hn::Lanes(d);
-  const bool masked = t.mask != nullptr;
-  if (masked && !FillMask<RV>(d, c, s0, nk)) return;
+  const bool masked = t.mask != nullptr || t.rel_table != nullptr;
+  if (masked && !FillAdditive<RV>(d, c, s0, nk)) return;
   // Row r0 (the block's first) sees keys s <= q_pos0 + r0; a block ending there needs no cut.
   const bool causal_cut = t.causal && s0 + static_cast<int64_t>(nk) - 1 > t.q_pos0 + c.r0;
 
