@@ -59,9 +59,10 @@ struct AttentionArgs {
 void attention_forward_f32(const Device& device, const AttentionArgs& args);
 
 // The most scratch attention_forward_f32 allocates at once, in bytes, for these sizes at the
-// current thread count: one scores tile or fused-kernel panel per running worker. The plan
-// counts it against the memory budget (core/limits.h).
-double attention_scratch_bytes(const Device& device, int64_t kv_len, int64_t head_dim,
-                               int64_t v_head_dim);
+// current thread count: one scores tile or fused-kernel panel per running worker, and on the
+// fused path a head-major copy of K and V. The plan counts it against the memory budget
+// (core/limits.h).
+double attention_scratch_bytes(const Device& device, int64_t batch, int64_t heads,
+                               int64_t kv_len, int64_t head_dim, int64_t v_head_dim);
 
 }  // namespace tessera

@@ -755,13 +755,8 @@ class AttentionOp : public Op {
   double resident_bytes(const std::vector<const ValueType*>& in) const override {
     const double D = static_cast<double>(in[0]->shape[2].value);
     // Attention::Attention: q/k/v weights packed as one [3D, D] matrix and a [3D] bias beside
-    // the parameters, and the relative-position index, int64 [T, T] with T = H*W.
-    double bytes = sizeof(float) * (3.0 * D * D + 3.0 * D);
-    if (opt_.relative_position_bias) {
-      const double t = static_cast<double>(opt_.spatial_h) * static_cast<double>(opt_.spatial_w);
-      bytes += sizeof(int64_t) * t * t;
-    }
-    return bytes;
+    // the parameters.
+    return sizeof(float) * (3.0 * D * D + 3.0 * D);
   }
   double scratch_bytes(const std::vector<const ValueType*>& in) const override {
     const SymShape& s = in[0]->shape;
@@ -770,11 +765,13 @@ class AttentionOp : public Op {
     const double b = static_cast<double>(B), t = static_cast<double>(T), d = static_cast<double>(D),
                  h = static_cast<double>(opt_.heads);
     // Attention::forward: q|k|v [B*T, 3D], the context [B*T, D], rope's cos and sin tables
-    // [T, hd/2] each, the relative-position bias [heads, T, T], then the core's tiles.
+    // [T, hd/2] each, the relative-position table transposed per head, then the core's.
     double floats = 4.0 * b * t * d;
     if (opt_.rope) floats += t * static_cast<double>(hd);
-    if (opt_.relative_position_bias) floats += h * t * t;
-    return sizeof(float) * floats + attention_scratch_bytes(cpu_device(), T, hd, hd);
+    if (opt_.relative_position_bias)
+      floats += (2.0 * static_cast<double>(opt_.spatial_h) - 1.0) *
+                (2.0 * static_cast<double>(opt_.spatial_w) - 1.0) * h;
+    return sizeof(float) * floats + attention_scratch_bytes(cpu_device(), B, opt_.heads, T, hd, hd);
   }
   std::unique_ptr<OpLayer> instantiate(const std::vector<const ValueType*>& in,
                                        std::optional<uint64_t> seed) const override {
@@ -938,8 +935,8 @@ class MultiheadAttentionOp : public Op {
     if (need_weights_ && average_) floats += n * h * l * sp;
     if (in[3] || in[4] || (causal_ && extra > 0)) floats += n * h * l * sp;
     const int64_t head_dim = opt_.embed_dim / opt_.num_heads;
-    return sizeof(float) * floats +
-           attention_scratch_bytes(cpu_device(), S + extra, head_dim, head_dim);
+    return sizeof(float) * floats + attention_scratch_bytes(cpu_device(), N, opt_.num_heads,
+                                                            S + extra, head_dim, head_dim);
   }
   std::unique_ptr<OpLayer> instantiate(const std::vector<const ValueType*>&,
                                        std::optional<uint64_t> seed) const override {
