@@ -24,11 +24,11 @@ constexpr int64_t relative_position_index(int64_t q, int64_t s, int64_t grid_h, 
 // [rows, kv_len]. Row r of q/out/mask is at ptr + r*stride; key/value s at ptr + s*stride.
 struct FlashAttentionTile {
   int64_t rows = 0;
-  int64_t q_pos0 = 0;     // for causal: row r sees keys s <= q_pos0 + r
-  int64_t kv_len = 0;     // S (0: every row gets zeros)
-  int64_t head_dim = 0;   // q/k width
+  int64_t q_pos0 = 0;    // for causal: row r sees keys s <= q_pos0 + r
+  int64_t kv_len = 0;    // S (0: every row gets zeros)
+  int64_t head_dim = 0;  // q/k width
   int64_t v_head_dim = 0;
-  float scale = 1.0f;     // multiplies q.k before the mask is added
+  float scale = 1.0f;  // multiplies q.k before the mask is added
   const float* q = nullptr;
   int64_t q_stride = 0;
   const float* k = nullptr;
@@ -44,9 +44,9 @@ struct FlashAttentionTile {
   const float* rel_table = nullptr;
   int64_t grid_h = 0, grid_w = 0;
   bool causal = false;
-  float* out = nullptr;         // [rows, v_head_dim]
+  float* out = nullptr;  // [rows, v_head_dim]
   int64_t out_stride = 0;
-  float* scratch = nullptr;     // flash_attention_scratch_floats(...) floats, 64-byte aligned
+  float* scratch = nullptr;  // flash_attention_scratch_floats(...) floats, 64-byte aligned
 };
 
 struct KernelTable {

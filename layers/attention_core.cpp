@@ -21,6 +21,15 @@ int64_t query_tile_rows(int64_t kv_len) {
   return std::clamp<int64_t>(rows, 16, 256);
 }
 
+// Query rows per task when weights are averaged over heads: tiles of ~512 KiB of scores (half
+// the L2), twice query_tile_rows's, because every scores GEMM packs all of the head's K, so
+// taller tiles pack it fewer times. MHA E=768 H=12 need_weights, 1 / 2 threads, T=2048: 256 KiB
+// 354 / 182 ms, 512 KiB 306 / 163, 1 MiB 311 / 164, 2 MiB 301 / 170; T=512: 39.2 / 20.9,
+// 35.1 / 19.5, 38.4 / 19.9, 41.9 / 21.7.
+int64_t averaged_tile_rows(int64_t kv_len) {
+  return std::clamp<int64_t>(131072 / std::max<int64_t>(kv_len, 1), 16, 256);
+}
+
 uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -32,9 +41,9 @@ uint64_t mix64(uint64_t z) {
 void dropout_row(float* row, int64_t cols, float p, uint64_t seed, int64_t b, int64_t h,
                  int64_t l) {
   const float keep_scale = 1.0f / (1.0f - p);
-  const uint64_t row_key = mix64(seed ^ mix64(static_cast<uint64_t>(b) * 0x9e3779b97f4a7c15ull ^
-                                              mix64(static_cast<uint64_t>(h) << 32 ^
-                                                    static_cast<uint64_t>(l))));
+  const uint64_t row_key =
+      mix64(seed ^ mix64(static_cast<uint64_t>(b) * 0x9e3779b97f4a7c15ull ^
+                         mix64(static_cast<uint64_t>(h) << 32 ^ static_cast<uint64_t>(l))));
   for (int64_t s = 0; s < cols; ++s) {
     const uint64_t r = mix64(row_key + static_cast<uint64_t>(s) * 0x9e3779b97f4a7c15ull);
     const double u = static_cast<double>(r >> 11) * 0x1.0p-53;
@@ -141,10 +150,115 @@ void attention_fused_f32(const KernelTable& k, AttentionArgs a) {
   });
 }
 
+// Keys rows l0 .. l0+rows-1 can see at all: with causal, row l sees s <= l.
+int64_t visible_keys(const AttentionArgs& a, int64_t l0, int64_t rows) {
+  return a.causal ? std::min(a.kv_len, l0 + rows) : a.kv_len;
+}
+
+// The materialising path for one head's query tile: p [rows, kv_vis] (row stride ldp) =
+// softmax(scale q k^T + mask + bias, causal cut), dropout, then out = p v. bias_rows: scratch
+// for [rows, kv_vis] floats when there is a relative-position bias. Returns kv_vis; when it is
+// 0 the output rows are zeros and p is untouched.
+int64_t head_tile(const KernelTable& k, const AttentionArgs& a, int64_t b, int64_t h, int64_t l0,
+                  int64_t rows, float* p, int64_t ldp, float* bias_rows) {
+  const int64_t S = a.kv_len, D = a.head_dim, Dv = a.v_head_dim;
+  float* out = a.out + b * a.out_batch_stride + l0 * a.out_row_stride + h * a.out_head_stride;
+  const int64_t kv_vis = visible_keys(a, l0, rows);
+  if (kv_vis == 0) {
+    for (int64_t r = 0; r < rows; ++r)
+      std::memset(out + r * a.out_row_stride, 0, static_cast<size_t>(Dv) * sizeof(float));
+    return 0;
+  }
+  const float* q = a.q + b * a.q_batch_stride + l0 * a.q_row_stride + h * a.q_head_stride;
+  const float* kk = a.k + b * a.k_batch_stride + h * a.k_head_stride;
+  const float* v = a.v + b * a.v_batch_stride + h * a.v_head_stride;
+  // scores = scale * q k^T   [rows, kv_vis]
+  k.gemm_f32(false, true, rows, kv_vis, D, a.scale, q, a.q_row_stride, kk, a.k_row_stride, 0.0f, p,
+             ldp);
+  const float* mask =
+      a.mask ? a.mask + b * a.mask_batch_stride + h * a.mask_head_stride + l0 * a.mask_row_stride
+             : nullptr;
+  int64_t mask_row_stride = a.mask_row_stride;
+  if (a.rel_table) {
+    // This tile's [rows, kv_vis] additive term: mask (if any) + bias, as the fused kernel.
+    const float* table = a.rel_table + h * a.rel_head_stride;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* dst = bias_rows + r * kv_vis;
+      for (int64_t s = 0; s < kv_vis; ++s) {
+        const float m = mask ? mask[r * a.mask_row_stride + s] : 0.0f;
+        dst[s] = m + table[relative_position_index(l0 + r, s, a.grid_h, a.grid_w)];
+      }
+    }
+    mask = bias_rows;
+    mask_row_stride = kv_vis;
+  }
+  if (!a.causal) {
+    k.softmax_rows_f32(rows, kv_vis, p, ldp, 1.0f, mask, mask_row_stride, p, ldp);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t cols = std::min(S, l0 + r + 1);
+      float* row = p + r * ldp;
+      k.softmax_rows_f32(1, cols, row, ldp, 1.0f, mask ? mask + r * mask_row_stride : nullptr, 0,
+                         row, ldp);
+      std::fill(row + cols, row + kv_vis, 0.0f);
+    }
+  }
+  if (a.dropout_p > 0.0f)
+    for (int64_t r = 0; r < rows; ++r)
+      dropout_row(p + r * ldp, kv_vis, a.dropout_p, a.dropout_seed, b, h, l0 + r);
+  // out = P v   [rows, Dv]
+  k.gemm_f32(false, false, rows, Dv, kv_vis, 1.0f, p, ldp, v, a.v_row_stride, 0.0f, out,
+             a.out_row_stride);
+  return kv_vis;
+}
+
+// Weights averaged over heads ([B, L, S]): one task per (batch, query tile) runs every head
+// through one scores tile and sums it into the tile's rows of the result, in head order, then
+// divides by the head count (PyTorch's weights.sum(dim=1) / num_heads, bit for bit). The
+// [B, H, L, S] per-head weights are never written: at B=1, T=2048, H=12 that is 192 MiB
+// written, read back and summed that now stay a 256 KiB tile in L2.
+void attention_averaged_weights_f32(const KernelTable& k, const AttentionArgs& a) {
+  const int64_t L = a.q_len, S = a.kv_len, H = a.heads;
+  // Shorter tiles when there are too few to give every thread ~4 tasks.
+  const int64_t min_tasks = 4 * static_cast<int64_t>(num_threads());
+  int64_t tile = averaged_tile_rows(S);
+  while (tile > 16 && a.batch * ((L + tile - 1) / tile) < min_tasks) tile /= 2;
+  const int64_t tiles = (L + tile - 1) / tile;
+  parallel_for(0, a.batch * tiles, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scratch(static_cast<size_t>(tile * std::max<int64_t>(S, 1))), bias;
+    if (a.rel_table) bias.resize(scratch.size());
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = task / tiles, l0 = (task % tiles) * tile;
+      const int64_t rows = std::min(tile, L - l0);
+      float* avg = a.weights + (b * L + l0) * S;
+      const int64_t ldp = std::max<int64_t>(visible_keys(a, l0, rows), 1);
+      int64_t kv_vis = 0;
+      for (int64_t h = 0; h < H; ++h) {
+        kv_vis = head_tile(k, a, b, h, l0, rows, scratch.data(), ldp, bias.data());
+        for (int64_t r = 0; r < rows && kv_vis > 0; ++r) {
+          const float* src = scratch.data() + r * ldp;
+          float* dst = avg + r * S;
+          if (h == 0) {
+            std::memcpy(dst, src, static_cast<size_t>(kv_vis) * sizeof(float));
+          } else {
+            for (int64_t s = 0; s < kv_vis; ++s) dst[s] += src[s];
+          }
+        }
+      }
+      const float heads = static_cast<float>(H);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* dst = avg + r * S;
+        for (int64_t s = 0; s < kv_vis; ++s) dst[s] /= heads;
+        std::fill(dst + kv_vis, dst + S, 0.0f);
+      }
+    }
+  });
+}
+
 }  // namespace
 
-double attention_scratch_bytes(const Device& device, int64_t batch, int64_t heads,
-                               int64_t kv_len, int64_t head_dim, int64_t v_head_dim) {
+double attention_scratch_bytes(const Device& device, int64_t batch, int64_t heads, int64_t kv_len,
+                               int64_t head_dim, int64_t v_head_dim) {
   const KernelTable& k = device.kernels();
   // Fused: a tile of at most 256 rows plus 16 floats of alignment slack. Unfused: a scores tile
   // of query_tile_rows(S) rows by S keys, and with a relative-position bias a second one for the
@@ -154,23 +268,28 @@ double attention_scratch_bytes(const Device& device, int64_t batch, int64_t head
       k.flash_attention_f32 != nullptr
           ? static_cast<double>(k.flash_attention_scratch_floats(256, head_dim, v_head_dim)) + 16.0
           : 0.0;
-  const double unfused = 2.0 * static_cast<double>(query_tile_rows(kv_len)) *
-                         static_cast<double>(std::max<int64_t>(kv_len, 1));
+  const double unfused =
+      2.0 * static_cast<double>(std::max(query_tile_rows(kv_len), averaged_tile_rows(kv_len))) *
+      static_cast<double>(std::max<int64_t>(kv_len, 1));
   // Plus, on the fused path, the head-major K and V copy (copy_kv_head_major).
-  const double kv_copy =
-      k.flash_attention_f32 != nullptr
-          ? static_cast<double>(batch) * static_cast<double>(heads) *
-                static_cast<double>(kv_len) * static_cast<double>(head_dim + v_head_dim)
-          : 0.0;
+  const double kv_copy = k.flash_attention_f32 != nullptr
+                             ? static_cast<double>(batch) * static_cast<double>(heads) *
+                                   static_cast<double>(kv_len) *
+                                   static_cast<double>(head_dim + v_head_dim)
+                             : 0.0;
   return sizeof(float) * (kv_copy + static_cast<double>(num_threads()) * std::max(fused, unfused));
 }
 
 void attention_forward_f32(const Device& device, const AttentionArgs& a) {
   const KernelTable& k = device.kernels();
-  const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.v_head_dim;
+  const int64_t L = a.q_len, S = a.kv_len;
   if (a.batch <= 0 || a.heads <= 0 || L <= 0) return;
   if (!a.weights && a.dropout_p == 0.0f && k.flash_attention_f32 != nullptr) {
     attention_fused_f32(k, a);
+    return;
+  }
+  if (a.weights && a.average_weights) {
+    attention_averaged_weights_f32(k, a);
     return;
   }
   const int64_t tile = query_tile_rows(S);
@@ -187,64 +306,10 @@ void attention_forward_f32(const Device& device, const AttentionArgs& a) {
       const int64_t h = (task / tiles_per_head) % a.heads;
       const int64_t l0 = (task % tiles_per_head) * tile;
       const int64_t rows = std::min(tile, L - l0);
-      float* out = a.out + b * a.out_batch_stride + l0 * a.out_row_stride + h * a.out_head_stride;
-      // Keys this tile can see at all: with causal, rows l0..l0+rows-1 see s <= l.
-      const int64_t kv_vis = a.causal ? std::min(S, l0 + rows) : S;
-      if (kv_vis == 0) {
-        for (int64_t r = 0; r < rows; ++r)
-          std::memset(out + r * a.out_row_stride, 0, static_cast<size_t>(Dv) * sizeof(float));
-        continue;
-      }
-      float* p;
-      int64_t ldp;
-      if (a.weights) {
-        p = a.weights + ((b * a.heads + h) * L + l0) * S;
-        ldp = S;
-      } else {
-        p = scratch.data();
-        ldp = kv_vis;
-      }
-      const float* q = a.q + b * a.q_batch_stride + l0 * a.q_row_stride + h * a.q_head_stride;
-      const float* kk = a.k + b * a.k_batch_stride + h * a.k_head_stride;
-      const float* v = a.v + b * a.v_batch_stride + h * a.v_head_stride;
-      // scores = scale * q k^T   [rows, kv_vis]
-      k.gemm_f32(false, true, rows, kv_vis, D, a.scale, q, a.q_row_stride, kk, a.k_row_stride,
-                 0.0f, p, ldp);
-      const float* mask = a.mask ? a.mask + b * a.mask_batch_stride + h * a.mask_head_stride +
-                                       l0 * a.mask_row_stride
-                                 : nullptr;
-      int64_t mask_row_stride = a.mask_row_stride;
-      if (a.rel_table) {
-        // This tile's [rows, kv_vis] additive term: mask (if any) + bias, as the fused kernel.
-        const float* table = a.rel_table + h * a.rel_head_stride;
-        for (int64_t r = 0; r < rows; ++r) {
-          float* dst = bias.data() + r * kv_vis;
-          for (int64_t s = 0; s < kv_vis; ++s) {
-            const float m = mask ? mask[r * a.mask_row_stride + s] : 0.0f;
-            dst[s] = m + table[relative_position_index(l0 + r, s, a.grid_h, a.grid_w)];
-          }
-        }
-        mask = bias.data();
-        mask_row_stride = kv_vis;
-      }
-      if (!a.causal) {
-        k.softmax_rows_f32(rows, kv_vis, p, ldp, 1.0f, mask, mask_row_stride, p, ldp);
-      } else {
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t cols = std::min(S, l0 + r + 1);
-          float* row = p + r * ldp;
-          k.softmax_rows_f32(1, cols, row, ldp, 1.0f, mask ? mask + r * mask_row_stride : nullptr,
-                             0, row, ldp);
-          std::fill(row + cols, row + kv_vis, 0.0f);
-        }
-      }
-      if (a.dropout_p > 0.0f)
-        for (int64_t r = 0; r < rows; ++r)
-          dropout_row(p + r * ldp, kv_vis, a.dropout_p, a.dropout_seed, b, h, l0 + r);
-      // out = P v   [rows, Dv]
-      k.gemm_f32(false, false, rows, Dv, kv_vis, 1.0f, p, ldp, v, a.v_row_stride, 0.0f, out,
-                 a.out_row_stride);
-      if (a.weights && kv_vis < S)
+      float* p = a.weights ? a.weights + ((b * a.heads + h) * L + l0) * S : scratch.data();
+      const int64_t ldp = a.weights ? S : std::max<int64_t>(visible_keys(a, l0, rows), 1);
+      const int64_t kv_vis = head_tile(k, a, b, h, l0, rows, p, ldp, bias.data());
+      if (a.weights)
         for (int64_t r = 0; r < rows; ++r) std::fill(p + r * ldp + kv_vis, p + r * ldp + S, 0.0f);
     }
   });

@@ -14,11 +14,11 @@ namespace tessera {
 
 struct AttentionArgs {
   int64_t batch = 0, heads = 0;
-  int64_t q_len = 0;     // L
-  int64_t kv_len = 0;    // S (0 allowed: every query attends to nothing and gets zeros)
-  int64_t head_dim = 0;  // D (q/k width)
+  int64_t q_len = 0;       // L
+  int64_t kv_len = 0;      // S (0 allowed: every query attends to nothing and gets zeros)
+  int64_t head_dim = 0;    // D (q/k width)
   int64_t v_head_dim = 0;  // value width per head (equal to head_dim for both layers today)
-  float scale = 1.0f;    // applied to q.k (1/sqrt(head_dim) normally)
+  float scale = 1.0f;      // applied to q.k (1/sqrt(head_dim) normally)
 
   // Element (b, t, h, d) of q at q[b*q_batch_stride + t*q_row_stride + h*q_head_stride + d].
   const float* q = nullptr;
@@ -45,8 +45,11 @@ struct AttentionArgs {
   // Query l sees keys s <= l (upper-left aligned when L != S). Combines with mask (sum).
   bool causal = false;
 
-  // Optional attention weights out: contiguous [B, H, L, S] (probabilities after dropout).
+  // Optional attention weights out: contiguous [B, H, L, S] (probabilities after dropout), or
+  // with average_weights their mean over heads, [B, L, S] (summed in head order, then divided
+  // by heads, as PyTorch's weights.sum(dim=1) / num_heads).
   float* weights = nullptr;
+  bool average_weights = false;
 
   // Dropout on the attention weights (training mode of the `attention` op): each weight is
   // zeroed with probability dropout_p and the rest scaled by 1/(1-p). The draw for (b, h, l, s)
@@ -62,7 +65,7 @@ void attention_forward_f32(const Device& device, const AttentionArgs& args);
 // current thread count: one scores tile or fused-kernel panel per running worker, and on the
 // fused path a head-major copy of K and V. The plan counts it against the memory budget
 // (core/limits.h).
-double attention_scratch_bytes(const Device& device, int64_t batch, int64_t heads,
-                               int64_t kv_len, int64_t head_dim, int64_t v_head_dim);
+double attention_scratch_bytes(const Device& device, int64_t batch, int64_t heads, int64_t kv_len,
+                               int64_t head_dim, int64_t v_head_dim);
 
 }  // namespace tessera

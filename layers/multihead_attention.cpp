@@ -370,12 +370,11 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
   // ---- outputs
   MultiheadAttentionOutput result;
   result.output = Tensor::empty(query.shape(), DType::F32);
-  Tensor weights_full;  // [N, H, L, S'] as the core writes it
   if (need_weights) {
+    // The core writes [N, H, L, S'], or their mean over heads straight into [N, L, S'].
     const Shape per_head = batched ? Shape{N, H, L, Sp} : Shape{H, L, Sp};
     const Shape averaged = batched ? Shape{N, L, Sp} : Shape{L, Sp};
-    weights_full = Tensor::empty(per_head, DType::F32);
-    result.weights = average_attn_weights ? Tensor::empty(averaged, DType::F32) : weights_full;
+    result.weights = Tensor::empty(average_attn_weights ? averaged : per_head, DType::F32);
   }
   if (N == 0 || L == 0) return result;
 
@@ -533,30 +532,14 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
   args.out_row_stride = out_layout.row_stride();
   args.out_head_stride = D;
   args.causal = causal_in_core;
-  args.weights = need_weights ? weights_full.data<float>() : nullptr;
+  args.weights = need_weights ? result.weights.data<float>() : nullptr;
+  args.average_weights = average_attn_weights;
   attention_forward_f32(device, args);
 
   // The attention output rows are in the output's own row order (l*N + n or n*L + l).
   linear_forward_f32(device, N * L, E, E, attn_out.data<float>(), E, w_out.data<float>(),
                      opt_.bias ? b_out.data<float>() : nullptr, result.output.data<float>(), E);
 
-  if (need_weights && average_attn_weights && Sp > 0) {
-    // PyTorch's weights.sum(dim=1) / num_heads: summed in head order, then divided.
-    const float* w = weights_full.data<float>();
-    float* avg = result.weights.data<float>();
-    const float heads = static_cast<float>(H);
-    parallel_for(0, N * L, std::max<int64_t>(1, 16384 / (H * Sp)), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t n = r / L, l = r % L;
-        float* dst = avg + r * Sp;
-        const float* src = w + (n * H * L + l) * Sp;  // head 0; head h is h*L*Sp further
-        std::memcpy(dst, src, static_cast<size_t>(Sp) * sizeof(float));
-        for (int64_t h = 1; h < H; ++h)
-          for (int64_t s = 0; s < Sp; ++s) dst[s] += src[h * L * Sp + s];
-        for (int64_t s = 0; s < Sp; ++s) dst[s] /= heads;
-      }
-    });
-  }
   return result;
 }
 

@@ -273,8 +273,7 @@ const Tensor& contiguous_f32(const Tensor& x, Tensor& scratch) {
 
 class LinearLayer : public OpLayer {
  public:
-  LinearLayer(int64_t in, int64_t out, bool bias, std::optional<uint64_t> seed,
-              std::string where)
+  LinearLayer(int64_t in, int64_t out, bool bias, std::optional<uint64_t> seed, std::string where)
       : linear_(in, out, bias), where_(std::move(where)) {
     if (!seed) return;
     Generator gen(*seed);
@@ -928,15 +927,14 @@ class MultiheadAttentionOp : public Op {
                  sp = static_cast<double>(S + extra), e = static_cast<double>(opt_.embed_dim),
                  h = static_cast<double>(opt_.num_heads);
     // MultiheadAttention::forward: the projections (one [N*S', 3E] buffer for self-attention,
-    // else [N*L + 2*N*S', E]), the attention output [N*L, E], the per-head weights
-    // [N, H, L, S'] when they are averaged into the output, the combined mask (at most
-    // [N, H, L, S']) when there is one, then the core's tiles.
+    // else [N*L + 2*N*S', E]), the attention output [N*L, E], the combined mask (at most
+    // [N, H, L, S']) when there is one, then the core's tiles. (Averaged weights are summed
+    // tile by tile into the output: no per-head [N, H, L, S'] buffer.)
     double floats = std::max(3.0 * n * sp * e, (n * l + 2.0 * n * sp) * e) + n * l * e;
-    if (need_weights_ && average_) floats += n * h * l * sp;
     if (in[3] || in[4] || (causal_ && extra > 0)) floats += n * h * l * sp;
     const int64_t head_dim = opt_.embed_dim / opt_.num_heads;
-    return sizeof(float) * floats + attention_scratch_bytes(cpu_device(), N, opt_.num_heads,
-                                                            S + extra, head_dim, head_dim);
+    return sizeof(float) * floats +
+           attention_scratch_bytes(cpu_device(), N, opt_.num_heads, S + extra, head_dim, head_dim);
   }
   std::unique_ptr<OpLayer> instantiate(const std::vector<const ValueType*>&,
                                        std::optional<uint64_t> seed) const override {

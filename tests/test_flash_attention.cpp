@@ -413,9 +413,9 @@ BOOST_AUTO_TEST_CASE(relative_position_bias) {
     bool causal, mask;
   };
   const Case cases[] = {
-      {4, 16, 0, 64, false, false},  {3, 32, 32, 64, false, false}, {2, 48, 0, 96, true, false},
-      {6, 5, 0, 30, false, false},   {5, 20, 16, 70, false, true},  {3, 33, 7, 80, true, false},
-      {17, 1, 0, 17, false, false},  {1, 40, 3, 37, true, true},    {1, 1, 0, 1, false, false},
+      {4, 16, 0, 64, false, false},  {3, 32, 32, 64, false, false},   {2, 48, 0, 96, true, false},
+      {6, 5, 0, 30, false, false},   {5, 20, 16, 70, false, true},    {3, 33, 7, 80, true, false},
+      {17, 1, 0, 17, false, false},  {1, 40, 3, 37, true, true},      {1, 1, 0, 1, false, false},
       {16, 16, 0, 256, false, true}, {20, 20, 100, 300, true, false},
   };
   for (const Case& c : cases) {

@@ -5,11 +5,11 @@
 // row blocks of 2 vectors (32 rows on AVX-512) whose queries, pre-multiplied by `scale`, are
 // transposed once into scratch as qt[block][d][row]. Keys are consumed in blocks of 32; each key
 // block is copied once per panel into contiguous scratch and then serves every row block:
-//   1. scores S[key][row] = qt . k (+ mask, + relative-position bias, causal cut). Register tile of 2 row vectors x 8
-//      keys: per d, 2 aligned loads of qt and 8 broadcasts of k[s][d] feed 16 FMAs into 16
-//      accumulators (AVX-512 has 32 registers: 16 accumulators + 2 q + 8 k + spare). 4 row
-//      vectors x 4 keys (4 loads + 4 broadcasts per 16 FMAs) measured 3-5% slower: its 64-row
-//      S and qt blocks crowd L1.
+//   1. scores S[key][row] = qt . k (+ mask, + relative-position bias, causal cut). Register
+//      tile of 2 row vectors x 8 keys: per d, 2 aligned loads of qt and 8 broadcasts of k[s][d]
+//      feed 16 FMAs into 16 accumulators (AVX-512 has 32 registers: 16 accumulators + 2 q +
+//      8 k + spare). 4 row vectors x 4 keys (4 loads + 4 broadcasts per 16 FMAs) measured 3-5%
+//      slower: its 64-row S and qt blocks crowd L1.
 //   2. online softmax, elementwise across the block's keys because each vector holds 2N rows:
 //      block max, m_new = max(m, block max), alpha = exp(m - m_new), P = exp(S - m_new),
 //      l = alpha l + sum P. No horizontal reduction anywhere.
@@ -311,8 +311,7 @@ HWY_INLINE bool FillAdditive(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
     // for one key are consecutive: one unaligned load from the table. Otherwise a gather
     // (invalid lanes repeat lane 0's query: valid memory).
     const int64_t q_first = t.q_pos0 + c.r0 + static_cast<int64_t>(first);
-    const bool bias_row =
-        t.rel_table && lanes == N && q_first % W + static_cast<int64_t>(N) <= W;
+    const bool bias_row = t.rel_table && lanes == N && q_first % W + static_cast<int64_t>(N) <= W;
     HWY_ALIGN int32_t qb[hn::MaxLanes(DI())] = {};
     if (t.rel_table && !bias_row && bias_gather)
       for (size_t i = 0; i < N; ++i)
