@@ -177,5 +177,44 @@ int main() {
       std::printf("  (%.3f ms)\n", t.wall * 1e3);
     }
   }
+
+  // Projections y = x w^T (+ bias), the layers' shapes (rows x out x in): OpenBLAS sgemm
+  // (trans_b) against linear_f32 (x packed once, w read in place), one thread each.
+  {
+    struct Shape {
+      int64_t m, n, k;
+      int reps;
+    };
+    const Shape shapes[] = {{128, 1536, 512, 101}, {128, 512, 512, 201}, {1024, 8, 512, 201},
+                            {512, 2304, 768, 21},  {2048, 2304, 768, 7}, {4096, 1536, 512, 5},
+                            {7, 2304, 768, 201},   {8, 4096, 4096, 21}};
+    std::vector<float> x = random_floats(4096 * 4096, 1.0, 7),
+                       w = random_floats(4096 * 4096, 1.0, 8);
+    std::vector<float> bias = random_floats(4096, 1.0, 9);
+    std::vector<float> c(4096 * 2304, 0.0f);
+    std::vector<float> packed(static_cast<size_t>(4096 * 4096 + 64));
+    for (const Shape& s : shapes) {
+      const double flops = 2.0 * s.m * s.n * s.k;
+      const Timing blas = median_time(s.reps, [&] {
+        k.gemm_f32(false, true, s.m, s.n, s.k, 1.0f, x.data(), s.k, w.data(), s.k, 0.0f, c.data(),
+                   s.n);
+        k.add_bias_rows_f32(s.m, s.n, c.data(), s.n, bias.data());
+      });
+      const int64_t panels = (s.m + k.linear_panel_rows - 1) / k.linear_panel_rows;
+      float* pk = packed.data() + (16 - reinterpret_cast<uintptr_t>(packed.data()) / 4 % 16) % 16;
+      const Timing own = median_time(s.reps, [&] {
+        k.linear_pack_f32(s.m, s.k, x.data(), s.k, 0, panels, pk);
+        k.linear_packed_f32(s.m, s.k, pk, 0, panels, w.data(), s.k, 0, s.n, bias.data(), c.data(),
+                            s.n);
+      });
+      char label[64];
+      std::snprintf(label, sizeof label, "linear %ldx%ldx%ld (rows x out x in)",
+                    static_cast<long>(s.m), static_cast<long>(s.n), static_cast<long>(s.k));
+      std::printf("%-44s openblas %6.1f GFLOP/s cpu  linear_f32 %6.1f GFLOP/s cpu", label,
+                  flops / blas.cpu * 1e-9, flops / own.cpu * 1e-9);
+      if (peak > 0.0) std::printf(" = %4.1f%% of ceiling", 100.0 * flops / own.cpu * 1e-9 / peak);
+      std::printf("\n");
+    }
+  }
   return 0;
 }

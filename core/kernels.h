@@ -61,6 +61,18 @@ struct KernelTable {
                            const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
                            int64_t ldc, int64_t stride_c);
 
+  // Projections, y[r, j] = sum_i x[r, i] w[j, i] + bias[j] (bias may be null), in two steps:
+  // linear_pack_f32 copies rows of x into panels of linear_panel_rows rows (panels p0 .. p1-1 of
+  // the ceil(m / linear_panel_rows), each k * linear_panel_rows floats at packed + p * that,
+  // 64-byte aligned); linear_packed_f32 then computes rows of panels p0 .. p1-1 against output
+  // features n0 .. n1-1. Every y element is the same sum in the same order whatever the split.
+  int64_t linear_panel_rows = 0;
+  void (*linear_pack_f32)(int64_t m, int64_t k, const float* x, int64_t ldx, int64_t p0,
+                          int64_t p1, float* packed) = nullptr;
+  void (*linear_packed_f32)(int64_t m, int64_t k, const float* packed, int64_t p0, int64_t p1,
+                            const float* w, int64_t ldw, int64_t n0, int64_t n1,
+                            const float* bias, float* y, int64_t ldy) = nullptr;
+
   // y[r, j] = softmax_j(scale * x[r, j] + mask[r, j]) for r < rows, j < cols.
   // mask may be null; its row stride may be 0 (one mask row for all rows); columns contiguous.
   // -inf entries get weight exactly 0; a row whose entries are all -inf becomes all zeros

@@ -7,6 +7,66 @@
 
 namespace tessera {
 
+namespace {
+
+// The backend's own projection kernel (backends/cpu/linear_f32.cc): x packed once per call into
+// panels shared by every thread, w read in place. One thread, against OpenBLAS sgemm (x w^T) +
+// bias, bench_kernels, GFLOP/s (two runs on a shared machine, so +-10%):
+//   rows x out x in     OpenBLAS     linear_f32
+//   128 x 1536 x 512    83-86        91-94
+//   128 x 512 x 512     90-97        97-103
+//   512 x 2304 x 768    94-98        99-104
+//   2048 x 2304 x 768   98-99        96-103
+//   4096 x 1536 x 512   95-99        85-97
+//   7 x 2304 x 768      24-33        23-24   (a 32-row panel for 7 rows: OpenBLAS below 32)
+//   1024 x 8 x 512      41-48        17-18   (12-feature tiles for 8 features: below 64)
+// More than that, OpenBLAS under the row split packs the whole weight once per thread.
+// The backend's own kernel takes every product with at least 32 rows (one panel) and 64
+// output features; OpenBLAS the rest (see the measurements above).
+bool use_packed(const KernelTable& k, int64_t rows, int64_t out_features) {
+  return rows >= 32 && out_features >= 64 && k.linear_packed_f32 != nullptr;
+}
+
+void linear_packed_forward_f32(const KernelTable& k, int64_t rows, int64_t in_features,
+                               int64_t out_features, const float* x, int64_t x_stride,
+                               const float* w, const float* bias, float* y, int64_t y_stride) {
+  const int64_t panel_rows = k.linear_panel_rows;
+  const int64_t panels = (rows + panel_rows - 1) / panel_rows;
+  const int64_t panel_floats = panel_rows * in_features;
+  Tensor packed = Tensor::empty({panels * panel_floats}, DType::F32);  // 64-byte aligned
+  float* xp = packed.data<float>();
+  parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    k.linear_pack_f32(rows, in_features, x, x_stride, p0, p1, xp);
+  });
+  // Tasks: 96 output features (8 tiles of 12 weight rows; a tile, 24 KiB of w at in = 512,
+  // stays in L1 across the task's panels) x panels of x totalling ~512 KiB (half the L2: 8
+  // panels at in = 512), which each tile reads once. The split changes no result.
+  constexpr int64_t kFeatures = 96;
+  const int64_t panels_per_task = std::max<int64_t>(1, (int64_t{128} << 10) / panel_floats);
+  const int64_t feature_blocks = (out_features + kFeatures - 1) / kFeatures;
+  const int64_t panel_blocks = (panels + panels_per_task - 1) / panels_per_task;
+  parallel_for(0, feature_blocks * panel_blocks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = (t % feature_blocks) * kFeatures,
+                    p0 = (t / feature_blocks) * panels_per_task;
+      k.linear_packed_f32(rows, in_features, xp, p0, std::min(panels, p0 + panels_per_task), w,
+                          in_features, n0, std::min(out_features, n0 + kFeatures), bias, y,
+                          y_stride);
+    }
+  });
+}
+
+}  // namespace
+
+double linear_scratch_bytes(const Device& device, int64_t rows, int64_t in_features,
+                            int64_t out_features) {
+  const KernelTable& k = device.kernels();
+  if (!use_packed(k, rows, out_features)) return 0.0;
+  const int64_t panels = (rows + k.linear_panel_rows - 1) / k.linear_panel_rows;
+  return sizeof(float) * static_cast<double>(panels) * static_cast<double>(k.linear_panel_rows) *
+         static_cast<double>(in_features);
+}
+
 void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
                         int64_t out_features, const float* x, int64_t x_stride, const float* w,
                         const float* bias, float* y, int64_t y_stride) {
@@ -25,14 +85,19 @@ void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
     if (bias) k.add_bias_rows_f32(rows, out_features, y, y_stride, bias);
     return;
   }
+  if (use_packed(k, rows, out_features)) {
+    linear_packed_forward_f32(k, rows, in_features, out_features, x, x_stride, w, bias, y,
+                              y_stride);
+    return;
+  }
   if (rows >= 32) {
     // Split rows: each worker runs one GEMM over a block of rows with the whole weight, so the
     // weight panel is packed once per block (one block per thread keeps packing at 1/threads).
     const int threads = num_threads();
     const int64_t grain = std::max<int64_t>(16, (rows + threads - 1) / threads);
     parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-      k.gemm_f32(false, true, r1 - r0, out_features, in_features, 1.0f, x + r0 * x_stride,
-                 x_stride, w, in_features, 0.0f, y + r0 * y_stride, y_stride);
+      k.gemm_f32(false, true, r1 - r0, out_features, in_features, 1.0f, x + r0 * x_stride, x_stride,
+                 w, in_features, 0.0f, y + r0 * y_stride, y_stride);
       if (bias) k.add_bias_rows_f32(r1 - r0, out_features, y + r0 * y_stride, y_stride, bias);
     });
   } else {
@@ -55,8 +120,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
     : in_(in_features), out_(out_features), has_bias_(bias) {
   if (in_features <= 0 || out_features <= 0)
     fail(ErrorCode::Constraint, "linear",
-         "in_features=" + std::to_string(in_features) + " and out_features=" +
-             std::to_string(out_features) + " must be positive");
+         "in_features=" + std::to_string(in_features) +
+             " and out_features=" + std::to_string(out_features) + " must be positive");
   params_.add("weight", {out_features, in_features});
   if (bias) params_.add("bias", {out_features});
 }
@@ -71,16 +136,16 @@ Tensor Linear::forward(const Tensor& x) const {
     fail(ErrorCode::Shape, "linear",
          "input " + x.shape_str() + " does not end in in_features=" + std::to_string(in_));
   if (!dtype_is_floating(x.dtype()))
-    fail(ErrorCode::DType, "linear", std::string("input dtype ") + dtype_name(x.dtype()) + " is not a float type");
+    fail(ErrorCode::DType, "linear",
+         std::string("input dtype ") + dtype_name(x.dtype()) + " is not a float type");
   const Tensor xc = x.to(DType::F32).contiguous();
   Shape out_shape = x.shape();
   out_shape.back() = out_;
   Tensor y = Tensor::empty(out_shape, DType::F32);
   const int64_t rows = in_ > 0 ? xc.numel() / in_ : 0;
-  linear_forward_f32(x.device(), rows, in_, out_, xc.data<float>(), in_,
-                     params_.tensor("weight").data<float>(),
-                     has_bias_ ? params_.tensor("bias").data<float>() : nullptr, y.data<float>(),
-                     out_);
+  linear_forward_f32(
+      x.device(), rows, in_, out_, xc.data<float>(), in_, params_.tensor("weight").data<float>(),
+      has_bias_ ? params_.tensor("bias").data<float>() : nullptr, y.data<float>(), out_);
   return y;
 }
 

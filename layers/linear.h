@@ -16,6 +16,11 @@ void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
                         int64_t out_features, const float* x, int64_t x_stride, const float* w,
                         const float* bias, float* y, int64_t y_stride);
 
+// The most linear_forward_f32 allocates for these sizes, in bytes (x packed in panels when the
+// backend's own kernel runs), for the memory plans (core/limits.h).
+double linear_scratch_bytes(const Device& device, int64_t rows, int64_t in_features,
+                            int64_t out_features);
+
 // nn.Linear(in_features, out_features, bias): parameters `weight` [out, in], `bias` [out].
 class Linear {
  public:

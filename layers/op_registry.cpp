@@ -406,6 +406,14 @@ class LinearOp : public Op {
   double flops(const std::vector<const ValueType*>& in) const override {
     return 2.0 * numel(in[0]->shape) * static_cast<double>(out_);
   }
+  double scratch_bytes(const std::vector<const ValueType*>& in) const override {
+    // LinearLayer::forward: x converted to float32 unless it is already, then x packed.
+    const ValueType& x = *in[0];
+    const int64_t K = x.shape.back().value;
+    const double converted = x.dtype == DType::F32 ? 0.0 : sizeof(float) * numel(x.shape);
+    return converted +
+           linear_scratch_bytes(cpu_device(), static_cast<int64_t>(numel(x.shape)) / K, K, out_);
+  }
   std::unique_ptr<OpLayer> instantiate(const std::vector<const ValueType*>& in,
                                        std::optional<uint64_t> seed) const override {
     return std::make_unique<LinearLayer>(in[0]->shape.back().value, out_, bias_, seed, where());
@@ -770,7 +778,8 @@ class AttentionOp : public Op {
     if (opt_.relative_position_bias)
       floats += (2.0 * static_cast<double>(opt_.spatial_h) - 1.0) *
                 (2.0 * static_cast<double>(opt_.spatial_w) - 1.0) * h;
-    return sizeof(float) * floats + attention_scratch_bytes(cpu_device(), B, opt_.heads, T, hd, hd);
+    return sizeof(float) * floats + linear_scratch_bytes(cpu_device(), B * T, D, D) +
+           attention_scratch_bytes(cpu_device(), B, opt_.heads, T, hd, hd);
   }
   std::unique_ptr<OpLayer> instantiate(const std::vector<const ValueType*>& in,
                                        std::optional<uint64_t> seed) const override {
@@ -933,7 +942,11 @@ class MultiheadAttentionOp : public Op {
     double floats = std::max(3.0 * n * sp * e, (n * l + 2.0 * n * sp) * e) + n * l * e;
     if (in[3] || in[4] || (causal_ && extra > 0)) floats += n * h * l * sp;
     const int64_t head_dim = opt_.embed_dim / opt_.num_heads;
+    // Each projection's packed input (one at a time; bounded by the widest and longest).
+    const int64_t widest = std::max(
+        {opt_.embed_dim, opt_.kdim.value_or(opt_.embed_dim), opt_.vdim.value_or(opt_.embed_dim)});
     return sizeof(float) * floats +
+           linear_scratch_bytes(cpu_device(), N * std::max(L, S), widest, opt_.embed_dim) +
            attention_scratch_bytes(cpu_device(), N, opt_.num_heads, S + extra, head_dim, head_dim);
   }
   std::unique_ptr<OpLayer> instantiate(const std::vector<const ValueType*>&,

@@ -889,4 +889,82 @@ BOOST_AUTO_TEST_CASE(gemm_concurrent_calls_match_sequential) {
   BOOST_TEST(mismatches[1] == 0);
 }
 
+// linear_pack_f32 + linear_packed_f32 (y = x w^T + bias) against a float64 product, on every
+// target: rows around the 32-row panel, features around the 12- (AVX-512) and 3-row (AVX2)
+// tiles, strided x and y, with and without bias. x and w end at an inaccessible page (a read past
+// them faults); y's row padding must stay untouched. Then the same product computed in pieces
+// (one call per panel, odd feature ranges) must match the whole call bit for bit: the layers
+// split work over threads that way, and results must not depend on the thread count.
+BOOST_AUTO_TEST_CASE(linear_packed_matches_float64_and_any_split) {
+  const KernelTable& k = table();
+  struct Shape {
+    int64_t m, n, kk;
+  };
+  const Shape shapes[] = {{1, 1, 1},    {5, 13, 7},    {32, 12, 16}, {33, 25, 64},
+                          {70, 100, 3}, {64, 64, 130}, {97, 37, 17}};
+  constexpr float kSentinel = -12345.0f;
+  for_each_target("linear_packed_f32", [&] {
+    Generator gen(81);
+    for (const Shape& s : shapes) {
+      for (const bool with_bias : {false, true}) {
+        const int64_t ldx = s.kk + 3, ldy = s.n + 2;
+        GuardedFloats x(static_cast<size_t>((s.m - 1) * ldx + s.kk));
+        GuardedFloats w(static_cast<size_t>(s.n * s.kk));
+        const std::vector<float> xv = normal_vector(gen, static_cast<size_t>(s.m * ldx), 0, 1);
+        const std::vector<float> wv = normal_vector(gen, static_cast<size_t>(s.n * s.kk), 0, 1);
+        const std::vector<float> bias = normal_vector(gen, static_cast<size_t>(s.n), 0, 1);
+        std::copy(xv.begin(), xv.begin() + ((s.m - 1) * ldx + s.kk), x.data());
+        std::copy(wv.begin(), wv.end(), w.data());
+        const int64_t panels = (s.m + k.linear_panel_rows - 1) / k.linear_panel_rows;
+        std::vector<float> packed_store(
+            static_cast<size_t>(panels * k.linear_panel_rows * s.kk + 16));
+        float* packed = packed_store.data() +
+                        (16 - reinterpret_cast<uintptr_t>(packed_store.data()) / 4 % 16) % 16;
+        std::vector<float> y(static_cast<size_t>(s.m * ldy), kSentinel);
+        const float* b = with_bias ? bias.data() : nullptr;
+        k.linear_pack_f32(s.m, s.kk, x.data(), ldx, 0, panels, packed);
+        k.linear_packed_f32(s.m, s.kk, packed, 0, panels, w.data(), s.kk, 0, s.n, b, y.data(), ldy);
+        int bad = 0;
+        for (int64_t i = 0; i < s.m; ++i) {
+          for (int64_t j = 0; j < ldy; ++j) {
+            const float got = y[static_cast<size_t>(i * ldy + j)];
+            if (j >= s.n) {
+              bad += bits_of(got) != bits_of(kSentinel);
+              continue;
+            }
+            double ref = with_bias ? bias[static_cast<size_t>(j)] : 0.0, mag = std::abs(ref);
+            for (int64_t q = 0; q < s.kk; ++q) {
+              const double t = static_cast<double>(x.data()[i * ldx + q]) * w.data()[j * s.kk + q];
+              ref += t;
+              mag += std::abs(t);
+            }
+            const double tol = 2.0 * static_cast<double>(s.kk + 1) * 0x1p-24 * mag + 1e-30;
+            if (!(std::abs(got - ref) <= tol) && bad++ < 3)
+              BOOST_ERROR("linear m" << s.m << " n" << s.n << " k" << s.kk << " bias " << with_bias
+                                     << " at (" << i << "," << j << "): " << got << " want "
+                                     << ref);
+          }
+        }
+        BOOST_TEST(bad == 0);
+
+        // Pieces: one pack call and one compute call per panel, features in ranges of 7.
+        std::vector<float> packed2_store(packed_store.size());
+        float* packed2 = packed2_store.data() +
+                         (16 - reinterpret_cast<uintptr_t>(packed2_store.data()) / 4 % 16) % 16;
+        std::vector<float> y2(y.size(), kSentinel);
+        for (int64_t p = 0; p < panels; ++p) {
+          k.linear_pack_f32(s.m, s.kk, x.data(), ldx, p, p + 1, packed2);
+          for (int64_t n0 = 0; n0 < s.n; n0 += 7)
+            k.linear_packed_f32(s.m, s.kk, packed2, p, p + 1, w.data(), s.kk, n0,
+                                std::min(s.n, n0 + 7), b, y2.data(), ldy);
+        }
+        int differ = 0;
+        for (size_t i = 0; i < y.size(); ++i) differ += bits_of(y[i]) != bits_of(y2[i]);
+        BOOST_TEST(differ == 0, "m" << s.m << " n" << s.n << " k" << s.kk << ": split changed "
+                                    << differ << " elements");
+      }
+    }
+  });
+}
+
 BOOST_AUTO_TEST_SUITE_END()

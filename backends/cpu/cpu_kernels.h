@@ -17,6 +17,14 @@ void gemm_batched_f32(int64_t batch, bool trans_a, bool trans_b, int64_t m, int6
                       int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
                       int64_t stride_c);
 
+// linear_f32.cc: y = x w^T + bias with x packed in panels (contract: core/kernels.h).
+constexpr int64_t kLinearPanelRows = 32;
+void linear_pack_f32(int64_t m, int64_t k, const float* x, int64_t ldx, int64_t p0, int64_t p1,
+                     float* packed);
+void linear_packed_f32(int64_t m, int64_t k, const float* packed, int64_t p0, int64_t p1,
+                       const float* w, int64_t ldw, int64_t n0, int64_t n1, const float* bias,
+                       float* y, int64_t ldy);
+
 // softmax_f32.cc
 void softmax_rows_f32(int64_t rows, int64_t cols, const float* x, int64_t x_stride, float scale,
                       const float* mask, int64_t mask_stride, float* y, int64_t y_stride);

@@ -1,0 +1,146 @@
+// linear_f32: y = x w^T + bias, the projections' GEMM (x [m, k], w [n, k], both rows along k).
+//
+// Computed transposed, as y^T = w x^T: the micro-kernel broadcasts weights and keeps rows of x
+// in vector lanes. So the operand that is packed (transposed into panels) is x, not w:
+//   - x is small where packing costs most (T = 128 at D = 512: 64 K floats against w's 786 K
+//     for the QKV projection), and it is packed once per call, shared by every thread;
+//   - w is read in place, row by row (sequential, prefetch-friendly), never copied.
+// OpenBLAS packs w on every call and on every thread (the row split gives each worker the whole
+// weight): at T = 128 its copy routines took 16% of MultiheadAttention's time (perf).
+//
+// Packed x: panels of kPanel = 32 rows; panel p holds xp[p][kk][j] = x[32 p + j][kk] (zero rows
+// past m). Micro-kernel: kRows weight rows (output features n0 .. n0+kRows-1) x one panel (32
+// rows of x). AVX-512: 12 x 2 vectors = 24 accumulators + 2 panel vectors + 1 broadcast of 32
+// registers; per kk, 2 aligned loads and 12 broadcasts feed 24 FMAs. Each output element is one
+// FMA chain over kk = 0 .. k-1 in order, however the work is split over threads: results do not
+// depend on the thread count.
+//
+// Why these sizes (L1d 32 KiB, L2 1 MiB per core here): a panel of x is 32 k floats (64 KiB at
+// k = 512) and stays in L2 while the weight rows stream past it; the 12 weight rows being
+// broadcast (24 KiB at k = 512) stay in L1 for their tile.
+// Measured against OpenBLAS (Cooperlake kernels) in benchmarks/bench_kernels; the numbers are in
+// layers/linear.cpp, which picks between the two.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backends/cpu/linear_f32.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "backends/cpu/cpu_kernels.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tessera::HWY_NAMESPACE {
+namespace {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+constexpr size_t kPanel = static_cast<size_t>(cpu::kLinearPanelRows);
+constexpr size_t kLanes = hn::MaxLanes(DF());
+constexpr size_t kPanelVecs = kPanel / kLanes;
+static_assert(kPanel % kLanes == 0, "a panel is a whole number of vectors");
+// Weight rows per tile: accumulators kRows x kPanelVecs within the register file (32 on
+// AVX-512, 16 on AVX2/SSE4) with room for the operands.
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+constexpr size_t kRows = 12;
+#elif HWY_TARGET == HWY_AVX2
+constexpr size_t kRows = 12;
+#else
+constexpr size_t kRows = 12;
+#endif
+
+// acc[i][v] = sum_kk w[i][kk] * xp[kk][v lanes], then y[row j][n0 + i] = acc + bias.
+void Tile(const float* HWY_RESTRICT xp, size_t k, const float* const* w, size_t valid_rows,
+          size_t valid_n, const float* bias, int64_t n0, float* y, int64_t ldy) {
+  const DF d;
+  VF acc[kRows][kPanelVecs];
+  for (size_t i = 0; i < kRows; ++i)
+    for (size_t v = 0; v < kPanelVecs; ++v) acc[i][v] = hn::Zero(d);
+  for (size_t kk = 0; kk < k; ++kk) {
+    VF xv[kPanelVecs];
+    for (size_t v = 0; v < kPanelVecs; ++v) xv[v] = hn::Load(d, xp + kk * kPanel + v * kLanes);
+    for (size_t i = 0; i < kRows; ++i) {
+      const VF wb = hn::Set(d, w[i][kk]);
+      for (size_t v = 0; v < kPanelVecs; ++v) acc[i][v] = hn::MulAdd(wb, xv[v], acc[i][v]);
+    }
+  }
+  // Transposed write: lane j of acc[i] is y[j][n0 + i].
+  HWY_ALIGN float tile[kRows][kPanel];
+  for (size_t i = 0; i < kRows; ++i) {
+    const VF b = hn::Set(d, bias ? bias[n0 + static_cast<int64_t>(i)] : 0.0f);
+    for (size_t v = 0; v < kPanelVecs; ++v)
+      hn::Store(hn::Add(acc[i][v], b), d, tile[i] + v * kLanes);
+  }
+  for (size_t j = 0; j < valid_rows; ++j) {
+    float* HWY_RESTRICT out = y + static_cast<int64_t>(j) * ldy + n0;
+    for (size_t i = 0; i < valid_n; ++i) out[i] = tile[i][j];
+  }
+}
+
+}  // namespace
+
+void LinearPackF32(int64_t m, int64_t k, const float* x, int64_t ldx, int64_t p0, int64_t p1,
+                   float* packed) {
+  for (int64_t p = p0; p < p1; ++p) {
+    float* HWY_RESTRICT dst = packed + p * k * static_cast<int64_t>(kPanel);
+    for (size_t j = 0; j < kPanel; ++j) {
+      const int64_t r = p * static_cast<int64_t>(kPanel) + static_cast<int64_t>(j);
+      if (r < m) {
+        const float* HWY_RESTRICT src = x + r * ldx;
+        for (int64_t kk = 0; kk < k; ++kk) dst[kk * static_cast<int64_t>(kPanel) + j] = src[kk];
+      } else {
+        for (int64_t kk = 0; kk < k; ++kk) dst[kk * static_cast<int64_t>(kPanel) + j] = 0.0f;
+      }
+    }
+  }
+}
+
+void LinearPackedF32(int64_t m, int64_t k, const float* packed, int64_t p0, int64_t p1,
+                     const float* w, int64_t ldw, int64_t n0, int64_t n1, const float* bias,
+                     float* y, int64_t ldy) {
+  const int64_t panel = static_cast<int64_t>(kPanel), rows = static_cast<int64_t>(kRows);
+  for (int64_t n = n0; n < n1; n += rows) {
+    const size_t valid_n = static_cast<size_t>(std::min(rows, n1 - n));
+    // Rows past n1 repeat the last one (valid memory); their results are never stored.
+    const float* wr[kRows];
+    for (size_t i = 0; i < kRows; ++i)
+      wr[i] = w + std::min(n + static_cast<int64_t>(i), n1 - 1) * ldw;
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t r0 = p * panel;
+      const size_t valid_rows = static_cast<size_t>(std::min(panel, m - r0));
+      Tile(packed + p * k * panel, static_cast<size_t>(k), wr, valid_rows, valid_n, bias, n,
+           y + r0 * ldy, ldy);
+    }
+  }
+}
+
+}  // namespace tessera::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tessera {
+HWY_EXPORT(LinearPackF32);
+HWY_EXPORT(LinearPackedF32);
+
+namespace cpu {
+
+void linear_pack_f32(int64_t m, int64_t k, const float* x, int64_t ldx, int64_t p0, int64_t p1,
+                     float* packed) {
+  HWY_DYNAMIC_DISPATCH(LinearPackF32)(m, k, x, ldx, p0, p1, packed);
+}
+
+void linear_packed_f32(int64_t m, int64_t k, const float* packed, int64_t p0, int64_t p1,
+                       const float* w, int64_t ldw, int64_t n0, int64_t n1, const float* bias,
+                       float* y, int64_t ldy) {
+  HWY_DYNAMIC_DISPATCH(LinearPackedF32)(m, k, packed, p0, p1, w, ldw, n0, n1, bias, y, ldy);
+}
+
+}  // namespace cpu
+}  // namespace tessera
+#endif  // HWY_ONCE
