@@ -891,9 +891,9 @@ BOOST_AUTO_TEST_CASE(gemm_concurrent_calls_match_sequential) {
 
 // linear_pack_f32 + linear_packed_f32 (y = x w^T + bias) against a float64 product, on every
 // target: rows around the 32-row panel, features around the 12- (AVX-512) and 3-row (AVX2)
-// tiles, strided x and y, with and without bias. x and w end at an inaccessible page (a read past
-// them faults); y's row padding must stay untouched. Then the same product computed in pieces
-// (one call per panel, odd feature ranges) must match the whole call bit for bit: the layers
+// tiles, strided x and y, with and without bias. x, w and bias end at an inaccessible page (a
+// read past them faults); y's row padding must stay untouched. Then the same product computed in
+// pieces (one call per panel, odd feature ranges) must match the whole call bit for bit: the layers
 // split work over threads that way, and results must not depend on the thread count.
 BOOST_AUTO_TEST_CASE(linear_packed_matches_float64_and_any_split) {
   const KernelTable& k = table();
@@ -912,9 +912,11 @@ BOOST_AUTO_TEST_CASE(linear_packed_matches_float64_and_any_split) {
         GuardedFloats w(static_cast<size_t>(s.n * s.kk));
         const std::vector<float> xv = normal_vector(gen, static_cast<size_t>(s.m * ldx), 0, 1);
         const std::vector<float> wv = normal_vector(gen, static_cast<size_t>(s.n * s.kk), 0, 1);
-        const std::vector<float> bias = normal_vector(gen, static_cast<size_t>(s.n), 0, 1);
+        const std::vector<float> bv = normal_vector(gen, static_cast<size_t>(s.n), 0, 1);
+        GuardedFloats bias(static_cast<size_t>(s.n));
         std::copy(xv.begin(), xv.begin() + ((s.m - 1) * ldx + s.kk), x.data());
         std::copy(wv.begin(), wv.end(), w.data());
+        std::copy(bv.begin(), bv.end(), bias.data());
         const int64_t panels = (s.m + k.linear_panel_rows - 1) / k.linear_panel_rows;
         std::vector<float> packed_store(
             static_cast<size_t>(panels * k.linear_panel_rows * s.kk + 16));
@@ -932,7 +934,7 @@ BOOST_AUTO_TEST_CASE(linear_packed_matches_float64_and_any_split) {
               bad += bits_of(got) != bits_of(kSentinel);
               continue;
             }
-            double ref = with_bias ? bias[static_cast<size_t>(j)] : 0.0, mag = std::abs(ref);
+            double ref = with_bias ? bias.data()[j] : 0.0, mag = std::abs(ref);
             for (int64_t q = 0; q < s.kk; ++q) {
               const double t = static_cast<double>(x.data()[i * ldx + q]) * w.data()[j * s.kk + q];
               ref += t;

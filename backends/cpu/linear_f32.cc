@@ -73,7 +73,7 @@ void Tile(const float* HWY_RESTRICT xp, size_t k, const float* const* w, size_t 
   // Transposed write: lane j of acc[i] is y[j][n0 + i].
   HWY_ALIGN float tile[kRows][kPanel];
   for (size_t i = 0; i < kRows; ++i) {
-    const VF b = hn::Set(d, bias ? bias[n0 + static_cast<int64_t>(i)] : 0.0f);
+    const VF b = hn::Set(d, bias && i < valid_n ? bias[n0 + static_cast<int64_t>(i)] : 0.0f);
     for (size_t v = 0; v < kPanelVecs; ++v)
       hn::Store(hn::Add(acc[i][v], b), d, tile[i] + v * kLanes);
   }
