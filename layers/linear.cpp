@@ -11,16 +11,16 @@ namespace {
 
 // The backend's own projection kernel (backends/cpu/linear_f32.cc): x packed once per call into
 // panels shared by every thread, w read in place. One thread, against OpenBLAS sgemm (x w^T) +
-// bias, bench_kernels, GFLOP/s (two runs on a shared machine, so +-10%):
+// bias, `bench_kernels` (linear rows), GFLOP/s, range of three runs (FMA peak ~116):
 //   rows x out x in     OpenBLAS     linear_f32
-//   128 x 1536 x 512    83-86        91-94
-//   128 x 512 x 512     90-97        97-103
-//   512 x 2304 x 768    94-98        99-104
-//   2048 x 2304 x 768   98-99        96-103
-//   4096 x 1536 x 512   95-99        85-97
+//   128 x 1536 x 512    90-97        92-107
+//   128 x 512 x 512     79-98        102
+//   512 x 2304 x 768    96-99        103-105
+//   2048 x 2304 x 768   97-102       98-102
+//   4096 x 1536 x 512   91-101       94-97
 //   7 x 2304 x 768      24-33        23-24   (a 32-row panel for 7 rows: OpenBLAS below 32)
 //   1024 x 8 x 512      41-48        17-18   (12-feature tiles for 8 features: below 64)
-// More than that, OpenBLAS under the row split packs the whole weight once per thread.
+// Besides, OpenBLAS under the row split packs the whole weight once per thread.
 // The backend's own kernel takes every product with at least 32 rows (one panel) and 64
 // output features; OpenBLAS the rest (see the measurements above).
 bool use_packed(const KernelTable& k, int64_t rows, int64_t out_features) {
