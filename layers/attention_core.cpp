@@ -51,8 +51,6 @@ void dropout_row(float* row, int64_t cols, float p, uint64_t seed, int64_t b, in
   }
 }
 
-// need_weights=false and no dropout: the fused kernel, one query tile of one head per task,
-// never materialising [L, S]. Scratch is per chunk of tasks, sized for the largest tile.
 // True when K or V is read through a row stride wider than its head (a packed projection
 // buffer): attention_fused_f32 then copies them head-major first.
 bool kv_strided(const AttentionArgs& a) {
@@ -84,6 +82,8 @@ void copy_kv_head_major(const AttentionArgs& a, float* k_out, float* v_out) {
   });
 }
 
+// need_weights=false and no dropout: the fused kernel, one query tile of one head per task,
+// never materialising [L, S]. Scratch is per chunk of tasks, sized for the largest tile.
 void attention_fused_f32(const KernelTable& k, AttentionArgs a) {
   const int64_t L = a.q_len;
   Tensor kv_copy;
@@ -216,7 +216,7 @@ int64_t head_tile(const KernelTable& k, const AttentionArgs& a, int64_t b, int64
 // through one scores tile and sums it into the tile's rows of the result, in head order, then
 // divides by the head count (PyTorch's weights.sum(dim=1) / num_heads, bit for bit). The
 // [B, H, L, S] per-head weights are never written: at B=1, T=2048, H=12 that is 192 MiB
-// written, read back and summed that now stay a 256 KiB tile in L2.
+// written, read back and summed that now stay a 512 KiB tile in L2 (averaged_tile_rows).
 void attention_averaged_weights_f32(const KernelTable& k, const AttentionArgs& a) {
   const int64_t L = a.q_len, S = a.kv_len, H = a.heads;
   // Shorter tiles when there are too few to give every thread ~4 tasks.

@@ -21,6 +21,7 @@ namespace {
 //   7 x 2304 x 768      24-33        23-24   (a 32-row panel for 7 rows: OpenBLAS below 32)
 //   1024 x 8 x 512      41-48        17-18   (12-feature tiles for 8 features: below 64)
 // Besides, OpenBLAS under the row split packs the whole weight once per thread.
+//
 // The backend's own kernel takes every product with at least 32 rows (one panel) and 64
 // output features; OpenBLAS the rest (see the measurements above).
 bool use_packed(const KernelTable& k, int64_t rows, int64_t out_features) {

@@ -49,12 +49,13 @@ constexpr size_t kPanelVecs = kPanel / kLanes;
 static_assert(kPanel % kLanes == 0, "a panel is a whole number of vectors");
 // Weight rows per tile: accumulators kRows x kPanelVecs within the register file (32 on
 // AVX-512, 16 on AVX2/SSE4) with room for the operands.
+// AVX-512: 12 x 2 = 24; AVX2: 3 x 4 = 12; SSE4 (8 vectors per panel) and SCALAR: one row.
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 constexpr size_t kRows = 12;
 #elif HWY_TARGET == HWY_AVX2
-constexpr size_t kRows = 12;
+constexpr size_t kRows = 3;
 #else
-constexpr size_t kRows = 12;
+constexpr size_t kRows = 1;
 #endif
 
 // acc[i][v] = sum_kk w[i][kk] * xp[kk][v lanes], then y[row j][n0 + i] = acc + bias.
