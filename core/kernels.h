@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 namespace tessera {
 
@@ -47,6 +48,13 @@ struct FlashAttentionTile {
   float* out = nullptr;  // [rows, v_head_dim]
   int64_t out_stride = 0;
   float* scratch = nullptr;  // flash_attention_scratch_floats(...) floats, 64-byte aligned
+};
+
+// An elementwise map y[i] = f(x[i]) for i < n (y may alias x), named by the op it serves.
+using UnaryMapF32 = void (*)(int64_t n, const float* x, float* y);
+struct NamedUnaryMapF32 {
+  const char* name;
+  UnaryMapF32 fn;
 };
 
 struct KernelTable {
@@ -107,6 +115,16 @@ struct KernelTable {
   void (*layer_norm_rows_f32)(int64_t rows, int64_t cols, const float* x, int64_t x_stride,
                               float* y, int64_t y_stride, const float* gamma, const float* beta,
                               float eps);
+
+  // The elementwise maps the backend has ("relu", ...): a new map is one entry in the backend's
+  // list, not a new slot here. unary_map_f32 finds one by name (null when absent).
+  const NamedUnaryMapF32* unary_maps_f32 = nullptr;
+  int64_t unary_map_count = 0;
+  UnaryMapF32 unary_map_f32(std::string_view name) const {
+    for (int64_t i = 0; i < unary_map_count; ++i)
+      if (name == unary_maps_f32[i].name) return unary_maps_f32[i].fn;
+    return nullptr;
+  }
 
   // Fused attention for one tile (see FlashAttentionTile). Rows whose keys are all masked get
   // zeros (never NaN); a NaN score makes its row NaN. Null when the backend has none; the core

@@ -12,11 +12,11 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/shape.h"
 
 namespace tessera {
 
 class Generator;
-using Shape = std::vector<int64_t>;
 
 // "[2, 3, 4]"
 std::string shape_to_string(const Shape& shape);

@@ -15,24 +15,6 @@ namespace tessera {
 
 using ojson = nlohmann::ordered_json;
 
-bool Dim::is_symbol() const { return !is_fixed() && is_symbol_name(text); }
-
-std::string sym_shape_to_string(const SymShape& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + shape[i].str();
-  return s + "]";
-}
-
-bool is_symbol_name(const std::string& name) {
-  if (name.empty()) return false;
-  for (size_t i = 0; i < name.size(); ++i) {
-    const char c = name[i];
-    const bool alpha = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_';
-    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
-  }
-  return true;
-}
-
 namespace {
 
 // JSON type names as a user reads them in an error message.

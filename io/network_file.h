@@ -12,31 +12,10 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/shape.h"
 #include "io/safetensors.h"
 
 namespace tessera {
-
-// One dimension of a shape the network declares or infers: a number, or open. An open dimension
-// is either a symbol of the network file ("B"), bound to one value when the network runs, or an
-// expression an op derived from symbols ("T/2", "2*T+4"), known only once they are bound.
-struct Dim {
-  int64_t value = -1;  // >= 0 when fixed
-  std::string text;    // the symbol or expression when open
-
-  static Dim fixed(int64_t v) { return Dim{v, {}}; }
-  static Dim open(std::string s) { return Dim{-1, std::move(s)}; }
-  bool is_fixed() const { return value >= 0; }
-  // An open dimension named by a symbol of the network file (bindable), not an expression.
-  bool is_symbol() const;
-  std::string str() const { return is_fixed() ? std::to_string(value) : text; }
-  bool operator==(const Dim&) const = default;
-};
-using SymShape = std::vector<Dim>;
-
-// "[B, 8, 32]"
-std::string sym_shape_to_string(const SymShape& shape);
-// True when `name` can be a symbol: [A-Za-z_][A-Za-z0-9_]*.
-bool is_symbol_name(const std::string& name);
 
 struct NetworkInput {
   std::string name;

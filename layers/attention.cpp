@@ -1,12 +1,13 @@
 #include "layers/attention.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <vector>
 
 #include "core/parallel.h"
 #include "core/random.h"
+#include "core/text.h"
+#include "layers/op_args.h"
 #include "layers/attention_core.h"
 #include "layers/linear.h"
 
@@ -22,20 +23,6 @@ bool has_out_bias(const AttentionOptions& o) { return o.bias && o.out_bias; }
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-// Shortest round-trip decimal, with ".0" on integral values as Python prints floats ("0.0",
-// "0.1", "1e-05"), so messages and repr read like the network file.
-std::string py_float(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[64];
-  const auto res = std::to_chars(buf, buf + sizeof(buf), v);
-  std::string s(buf, res.ptr);
-  if (s.find_first_of(".en") == std::string::npos) s += ".0";
-  return s;
-}
-
-const char* py_bool(bool b) { return b ? "True" : "False"; }
-
 // Built by appending: GCC 12 -O3 reports a false -Wrestrict on `"(" + std::string` (PR105329).
 std::string spatial_str(const AttentionOptions& o) {
   std::string s = "(";
@@ -47,9 +34,9 @@ std::string spatial_str(const AttentionOptions& o) {
 }
 
 std::string join_names(const std::vector<std::pair<std::string, Shape>>& params) {
-  std::string s;
-  for (size_t i = 0; i < params.size(); ++i) s += (i ? ", " : "") + params[i].first;
-  return s;
+  std::vector<std::string> names;
+  for (const auto& p : params) names.push_back(p.first);
+  return join(names);
 }
 
 // H*W == T for the relative-position grid; T < 0 means open (the grid then fixes it).
@@ -76,6 +63,14 @@ bool views(const Tensor& value, const Tensor& expected) {
   return value.defined() && value.storage() == expected.storage() &&
          value.raw_data() == expected.raw_data() && value.shape() == expected.shape() &&
          value.dtype() == expected.dtype() && value.is_contiguous();
+}
+
+// `value` is the float32 contiguous view of elements [offset, offset + count) of `packed`.
+bool views_rows(const Tensor& value, const Tensor& packed, int64_t offset, int64_t count) {
+  return value.defined() && value.storage() == packed.storage() && value.dtype() == DType::F32 &&
+         value.is_contiguous() && value.numel() == count &&
+         static_cast<const float*>(value.raw_data()) ==
+             static_cast<const float*>(packed.raw_data()) + offset;
 }
 
 }  // namespace
@@ -210,12 +205,16 @@ void Attention::bind_packed_qkv() {
 }
 
 bool Attention::packed_qkv_bound() const {
-  for (int i = 0; i < 3; ++i) {
-    const std::string proj = kProj[i];
-    if (!views(params_.tensor(proj + ".weight"), qkv_weight_.narrow(0, i * dim_, dim_)))
+  // Parameter order is q_proj.weight, [q_proj.bias,] k_proj.weight, ... (declaration order);
+  // read by position so the check builds no strings or views (forward allocates nothing).
+  const std::vector<Parameter>& all = params_.all();
+  const size_t per_proj = qkv_bias_.defined() ? 2 : 1;
+  for (size_t i = 0; i < 3; ++i) {
+    if (!views_rows(all[i * per_proj].value, qkv_weight_, static_cast<int64_t>(i) * dim_ * dim_,
+                    dim_ * dim_))
       return false;
     if (qkv_bias_.defined() &&
-        !views(params_.tensor(proj + ".bias"), qkv_bias_.narrow(0, i * dim_, dim_)))
+        !views_rows(all[i * per_proj + 1].value, qkv_bias_, static_cast<int64_t>(i) * dim_, dim_))
       return false;
   }
   return true;
@@ -258,25 +257,118 @@ Tensor Attention::relative_position_index() const {
 
 // ---------------------------------------------------------------- forward
 
-Tensor Attention::forward(const Tensor& x, uint64_t dropout_seed) const {
+namespace {
+
+// The attention core's arguments for x [B, T, D] read from the packed q|k|v buffer in place
+// and written into the o_proj input [B*T, D]; pointers filled by the caller (null while sizing).
+AttentionArgs core_args(const AttentionOptions& o, int64_t B, int64_t T, int64_t D,
+                        bool dropout) {
+  const int64_t hd = D / o.heads, D3 = 3 * D;
+  AttentionArgs a;
+  a.batch = B;
+  a.heads = o.heads;
+  a.q_len = a.kv_len = T;
+  a.head_dim = a.v_head_dim = hd;
+  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  a.q_batch_stride = a.k_batch_stride = a.v_batch_stride = T * D3;
+  a.q_row_stride = a.k_row_stride = a.v_row_stride = D3;
+  a.q_head_stride = a.k_head_stride = a.v_head_stride = hd;
+  a.out_batch_stride = T * D;
+  a.out_row_stride = D;
+  a.out_head_stride = hd;
+  if (o.relative_position_bias) {
+    a.rel_head_stride = (2 * o.spatial_h - 1) * (2 * o.spatial_w - 1);
+    a.grid_h = o.spatial_h;
+    a.grid_w = o.spatial_w;
+  }
+  a.causal = o.causal;
+  if (dropout) {
+    // dropout < 1 in double can still round to 1.0f (p > 1 - 2^-25); keep 1/(1-p) finite.
+    a.dropout_p = std::min(static_cast<float>(o.dropout), std::nextafter(1.0f, 0.0f));
+  }
+  return a;
+}
+
+// The scratch of one forward, laid out in `ws` (Attention::workspace_bytes sizes it through the
+// same function).
+struct AttentionLayerScratch {
+  float* qkv = nullptr;        // q | k | v [rows, 3D]
+  float* ctx = nullptr;        // the o_proj input [rows, D]
+  float* rope_cos = nullptr;   // [T, hd/2]
+  float* rope_sin = nullptr;   // [T, hd/2]
+  float* rel_table = nullptr;  // the bias table transposed, one row per head
+  float* linear = nullptr;     // the projections' packed input, one at a time
+  AttentionScratch core;
+};
+
+AttentionLayerScratch layout_scratch(const AttentionOptions& o, int64_t B, int64_t T, int64_t D,
+                                     const AttentionArgs& args, Workspace& ws) {
+  AttentionLayerScratch s;
+  if (B == 0 || T == 0) return s;
+  const Device& device = cpu_device();
+  const int64_t rows = B * T, hd = D / o.heads;
+  s.qkv = ws.take<float>(rows * 3 * D);
+  s.ctx = ws.take<float>(rows * D);
+  if (o.rope) {
+    s.rope_cos = ws.take<float>(T * (hd / 2));
+    s.rope_sin = ws.take<float>(T * (hd / 2));
+  }
+  if (o.relative_position_bias) s.rel_table = ws.take<float>(args.rel_head_stride * o.heads);
+  s.linear = ws.take<float>(std::max(linear_workspace_floats(device, rows, D, 3 * D),
+                                     linear_workspace_floats(device, rows, D, D)));
+  s.core = attention_scratch(device, args, ws);
+  return s;
+}
+
+}  // namespace
+
+size_t attention_workspace_bytes(const AttentionOptions& options, int64_t dim, int64_t batch,
+                                 int64_t seq_len, bool dropout) {
+  Workspace counter;
+  layout_scratch(options, batch, seq_len, dim, core_args(options, batch, seq_len, dim, dropout),
+                 counter);
+  return counter.peak();
+}
+
+size_t Attention::workspace_bytes(int64_t batch, int64_t seq_len) const {
+  return attention_workspace_bytes(opt_, dim_, batch, seq_len, training_ && opt_.dropout > 0.0);
+}
+
+void Attention::check_input(const Tensor& x) const {
   if (x.dim() != 3 || x.size(2) != dim_)
     fail(ErrorCode::Shape, where_, "x " + x.shape_str() + " is not [B, T, D] with D=" + str(dim_));
   if (!dtype_is_floating(x.dtype()))
     fail(ErrorCode::DType, where_,
          std::string("x has dtype ") + dtype_name(x.dtype()) + ", not a float type");
-  const int64_t B = x.size(0), T = x.size(1), D = dim_;
-  check_seq_len(opt_, T, where_);
-  Tensor out = Tensor::empty({B, T, D}, DType::F32);
-  if (B == 0 || T == 0) return out;
+  check_seq_len(opt_, x.size(1), where_);
+}
 
+Tensor Attention::forward(const Tensor& x, uint64_t dropout_seed) const {
+  check_input(x);
+  const int64_t B = x.size(0), T = x.size(1);
+  Tensor out = Tensor::empty({B, T, dim_}, DType::F32);
   const Tensor xf = x.to(DType::F32).contiguous();
-  const Device& device = xf.device();
+  const Tensor scratch =
+      Tensor::empty({static_cast<int64_t>(workspace_bytes(B, T) / sizeof(float)) + 1});
+  Workspace ws(scratch.raw_data(), scratch.nbytes());
+  forward_into(xf, out, ws, dropout_seed);
+  return out;
+}
+
+void Attention::forward_into(const Tensor& x, Tensor& out, Workspace& ws,
+                             uint64_t dropout_seed) const {
+  const int64_t B = x.size(0), T = x.size(1), D = dim_;
+  if (B == 0 || T == 0) return;
+  const Device& device = cpu_device();
   const KernelTable& kern = device.kernels();
   const int64_t heads = opt_.heads, hd = D / heads, rows = B * T, D3 = 3 * D;
+  AttentionArgs a = core_args(opt_, B, T, D, training_ && opt_.dropout > 0.0);
+  const AttentionLayerScratch s = layout_scratch(opt_, B, T, D, a, ws);
 
   // Packed q/k/v weights. They are bound to the parameters unless someone replaced a parameter
   // tensor outside load_state_dict/reset_parameters; then pack a private copy for this call
-  // (forward is const and may run on several threads, so it must not rebind).
+  // (forward is const and may run on several threads, so it must not rebind; this is the one
+  // case in which a forward allocates).
   Tensor wqkv = qkv_weight_, bqkv = qkv_bias_;
   if (!packed_qkv_bound()) {
     wqkv = Tensor::empty({D3, D}, DType::F32);
@@ -285,10 +377,9 @@ Tensor Attention::forward(const Tensor& x, uint64_t dropout_seed) const {
   }
 
   // 1. q | k | v = x [Wq; Wk; Wv]^T + [bq; bk; bv]: one [rows, D] x [D, 3D] GEMM.
-  Tensor qkv = Tensor::empty({rows, D3}, DType::F32);
-  float* qkv_p = qkv.data<float>();
-  linear_forward_f32(device, rows, D, D3, xf.data<float>(), D, wqkv.data<float>(),
-                     bqkv.defined() ? bqkv.data<float>() : nullptr, qkv_p, D3);
+  float* qkv_p = s.qkv;
+  linear_forward_f32(device, rows, D, D3, x.data<float>(), D, wqkv.data<float>(),
+                     bqkv.defined() ? bqkv.data<float>() : nullptr, qkv_p, D3, s.linear);
 
   // 2. RoPE on the q and k column blocks, in place. Tables [T, hd/2], rebuilt for this T:
   //    theta_i = 10000^(-2i/hd) rounded once to float32 (computed in double: in float32 the
@@ -296,7 +387,8 @@ Tensor Attention::forward(const Tensor& x, uint64_t dropout_seed) const {
   //    arithmetic as the spec prescribes, cos/sin rounded to float32 (the compute dtype).
   if (opt_.rope) {
     const int64_t half = hd / 2;
-    std::vector<float> cos_t(static_cast<size_t>(T * half)), sin_t(cos_t.size());
+    float* cos_t = s.rope_cos;
+    float* sin_t = s.rope_sin;
     for (int64_t i = 0; i < half; ++i) {
       const float theta = static_cast<float>(
           std::pow(10000.0, -2.0 * static_cast<double>(i) / static_cast<double>(hd)));
@@ -311,64 +403,36 @@ Tensor Attention::forward(const Tensor& x, uint64_t dropout_seed) const {
     const int64_t grain = std::max<int64_t>(1, 16384 / (T * D));
     parallel_for(0, 2 * B, grain, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i)
-        kern.rope_rotate_half_f32(T, heads, hd, qkv_p + (i / 2) * T * D3 + (i % 2) * D, D3,
-                                  cos_t.data(), sin_t.data());
+        kern.rope_rotate_half_f32(T, heads, hd, qkv_p + (i / 2) * T * D3 + (i % 2) * D, D3, cos_t,
+                                  sin_t);
     });
   }
 
   // 3. The relative-position bias table [(2H-1)(2W-1), heads] transposed to one contiguous row
   //    per head, which the kernel indexes per tile (16129 x 8 floats at T = 4096, against the
   //    512 MB [heads, T, T] a gathered bias would take).
-  std::vector<float> rel_table;
   if (opt_.relative_position_bias) {
-    const Tensor table = params_.tensor(kTable).to(DType::F32).contiguous();
+    const Tensor& table = params_.tensor(kTable);
     const float* tab = table.data<float>();
-    const int64_t entries = table.size(0);
-    rel_table.resize(static_cast<size_t>(entries * heads));
+    const int64_t entries = a.rel_head_stride;
     for (int64_t i = 0; i < entries; ++i)
-      for (int64_t h = 0; h < heads; ++h) rel_table[h * entries + i] = tab[i * heads + h];
+      for (int64_t h = 0; h < heads; ++h) s.rel_table[h * entries + i] = tab[i * heads + h];
+    a.rel_table = s.rel_table;
   }
 
   // 4. softmax(q k^T / sqrt(hd) + bias [+ causal -inf]) v, read from the packed buffer in place
   //    and written straight into the o_proj input [rows, D] (head h at columns h*hd).
-  Tensor ctx = Tensor::empty({rows, D}, DType::F32);
-  AttentionArgs a;
-  a.batch = B;
-  a.heads = heads;
-  a.q_len = a.kv_len = T;
-  a.head_dim = a.v_head_dim = hd;
-  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   a.q = qkv_p;
   a.k = qkv_p + D;
   a.v = qkv_p + 2 * D;
-  a.q_batch_stride = a.k_batch_stride = a.v_batch_stride = T * D3;
-  a.q_row_stride = a.k_row_stride = a.v_row_stride = D3;
-  a.q_head_stride = a.k_head_stride = a.v_head_stride = hd;
-  a.out = ctx.data<float>();
-  a.out_batch_stride = T * D;
-  a.out_row_stride = D;
-  a.out_head_stride = hd;
-  if (opt_.relative_position_bias) {
-    a.rel_table = rel_table.data();
-    a.rel_head_stride = static_cast<int64_t>(rel_table.size()) / heads;
-    a.grid_h = opt_.spatial_h;
-    a.grid_w = opt_.spatial_w;
-  }
-  a.causal = opt_.causal;
-  if (training_ && opt_.dropout > 0.0) {
-    // dropout < 1 in double can still round to 1.0f (p > 1 - 2^-25); keep 1/(1-p) finite.
-    a.dropout_p = std::min(static_cast<float>(opt_.dropout), std::nextafter(1.0f, 0.0f));
-    a.dropout_seed = dropout_seed;
-  }
-  attention_forward_f32(device, a);
+  a.out = s.ctx;
+  a.dropout_seed = dropout_seed;
+  attention_forward_f32(device, a, s.core);
 
   // 5. out = ctx Wo^T + bo.
-  const Tensor wo = params_.tensor("o_proj.weight").to(DType::F32).contiguous();
-  Tensor bo;
-  if (has_out_bias(opt_)) bo = params_.tensor("o_proj.bias").to(DType::F32).contiguous();
-  linear_forward_f32(device, rows, D, D, ctx.data<float>(), D, wo.data<float>(),
-                     bo.defined() ? bo.data<float>() : nullptr, out.data<float>(), D);
-  return out;
+  linear_forward_f32(device, rows, D, D, s.ctx, D, params_.tensor("o_proj.weight").data<float>(),
+                     has_out_bias(opt_) ? params_.tensor("o_proj.bias").data<float>() : nullptr,
+                     out.data<float>(), D, s.linear);
 }
 
 // ---------------------------------------------------------------- repr
@@ -395,6 +459,135 @@ std::string Attention::repr() const {
   if (!frozen.empty()) s += "  frozen: " + frozen + "\n";
   s += ")";
   return s;
+}
+
+// ---------------------------------------------------------------- the `attention` op
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+class AttentionLayer : public OpLayer {
+ public:
+  AttentionLayer(int64_t dim, const AttentionOptions& options, std::optional<uint64_t> seed,
+                 const std::string& where)
+      : attention_(dim, options, seed, where) {}
+  ParameterSet* parameters() override { return &attention_.parameters(); }
+  void load(const std::map<std::string, Tensor>& state) override {
+    attention_.load_state_dict(state, false);
+  }
+  void forward(std::span<const Tensor* const> in, std::span<Tensor* const> out,
+               Workspace& ws) const override {
+    attention_.check_input(*in[0]);
+    attention_.forward_into(*in[0], *out[0], ws);
+  }
+
+ private:
+  Attention attention_;
+};
+
+class AttentionOp : public Op {
+ public:
+  AttentionOp(const NetworkNode& node, const std::string& where) : Op(where) {
+    Args a(node.args, where, "attention");
+    opt_.heads = a.integer("heads");
+    opt_.causal = a.boolean("causal", false);
+    opt_.dropout = a.number("dropout", 0.0);
+    opt_.bias = a.boolean("bias", true);
+    opt_.qkv_bias = a.boolean("qkv_bias", true);
+    opt_.out_bias = a.boolean("out_bias", true);
+    opt_.rope = a.boolean("rope", false);
+    opt_.relative_position_bias = a.boolean("relative_position_bias", false);
+    if (const ojson* s = a.raw("spatial_shape")) {
+      auto side = [&](const ojson& v) -> int64_t {
+        if (!v.is_number_integer()) a.type_error("spatial_shape", "an int or a pair of ints", *s);
+        if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+          fail(ErrorCode::Constraint, where, "spatial_shape=" + s->dump() + " does not fit int64");
+        return v.get<int64_t>();
+      };
+      if (s->is_array()) {
+        if (s->size() != 2) a.type_error("spatial_shape", "an int or a pair of ints", *s);
+        opt_.spatial_h = side((*s)[0]);
+        opt_.spatial_w = side((*s)[1]);
+      } else {
+        opt_.spatial_h = opt_.spatial_w = side(*s);
+      }
+    }
+    if (const ojson* init = a.raw("init")) {
+      if (!init->is_object()) a.type_error("init", "an object (parameter -> std)", *init);
+      for (const auto& [name, v] : init->items()) {
+        if (!v.is_number()) a.type_error("init['" + name + "']", "a number", v);
+        opt_.init[name] = v.get<double>();
+      }
+    }
+    if (const ojson* tr = a.raw("trainable")) {
+      if (!tr->is_object()) a.type_error("trainable", "an object (parameter -> bool)", *tr);
+      for (const auto& [name, v] : tr->items()) {
+        if (!v.is_boolean()) a.type_error("trainable['" + name + "']", "a boolean", v);
+        opt_.trainable[name] = v.get<bool>();
+      }
+    }
+    a.finish();
+  }
+  const char* name() const override { return "attention"; }
+  std::vector<PortSpec> input_ports() const override { return {{"x"}}; }
+  std::vector<std::string> output_ports() const override { return {"out"}; }
+
+  InferResult infer(const InputTypes& in, SymbolBindings& bound) const override {
+    const ValueType& x = *in[0];
+    require_float("x", x, "attention", where());
+    if (x.shape.size() != 3) fail(ErrorCode::Shape, where(), named("x", x) + " is not [B, T, D]");
+    const int64_t D = require_fixed(x.shape[2], "the model width D", x, "x", where());
+    const Dim& T = x.shape[1];
+    validate_attention_options(opt_, D, T.is_fixed() ? T.value : -1, where());
+    SymShape out = x.shape;
+    if (opt_.relative_position_bias && !T.is_fixed()) {
+      // The grid fixes the sequence length: H*W == T binds the symbol everywhere.
+      const int64_t tokens = opt_.spatial_h * opt_.spatial_w;
+      if (T.is_symbol()) {
+        const auto [it, inserted] = bound.emplace(T.text, tokens);
+        if (!inserted && it->second != tokens)
+          fail(ErrorCode::Constraint, where(),
+               "spatial_shape=(" + str(opt_.spatial_h) + ", " + str(opt_.spatial_w) +
+                   ") fixes T=" + T.text + " to " + str(tokens) +
+                   ", but another node fixed it to " + str(it->second));
+      }
+      out[1] = Dim::fixed(tokens);
+    }
+    InferResult r;
+    r.outputs.push_back({out, DType::F32});
+    r.parameters = attention_parameter_shapes(opt_, D);
+    return r;
+  }
+  OpCost cost(const InputTypes& in) const override {
+    const SymShape& s = in[0]->shape;
+    const int64_t B = s[0].value, T = s[1].value, D = s[2].value;
+    const double b = static_cast<double>(B), t = static_cast<double>(T), d = static_cast<double>(D);
+    OpCost c;
+    // Four [B*T, D] x [D, D] projections, then q k^T and p v: 2*T*T*D each per batch element.
+    c.flops = 8.0 * b * t * d * d + 4.0 * b * t * t * d;
+    c.workspace_bytes = static_cast<double>(attention_workspace_bytes(opt_, D, B, T, false));
+    return c;
+  }
+  double resident_bytes(const InputTypes& in) const override {
+    const double d = static_cast<double>(in[0]->shape[2].value);
+    // Attention::Attention: q/k/v weights packed as one [3D, D] matrix and a [3D] bias beside
+    // the parameters.
+    return sizeof(float) * (3.0 * d * d + 3.0 * d);
+  }
+  std::unique_ptr<OpLayer> instantiate(const InputTypes& in,
+                                       std::optional<uint64_t> seed) const override {
+    return std::make_unique<AttentionLayer>(in[0]->shape[2].value, opt_, seed, where());
+  }
+
+ private:
+  AttentionOptions opt_;
+};
+
+}  // namespace
+
+std::unique_ptr<Op> make_attention_op(const NetworkNode& node, const std::string& where) {
+  return std::make_unique<AttentionOp>(node, where);
 }
 
 }  // namespace tessera

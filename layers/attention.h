@@ -1,6 +1,8 @@
-// The `attention` op of shared/reference/attention_op_spec.txt (attention@1): multi-head
-// self-attention over [B, T, D] with q/k/v/o projections, causal masking, rotary embeddings and
-// a learned 2-D relative-position bias. Shares the attention core with MultiheadAttention.
+// The attention family: the `attention` op of shared/reference/attention_op_spec.txt
+// (attention@1), multi-head self-attention over [B, T, D] with q/k/v/o projections, causal
+// masking, rotary embeddings and a learned 2-D relative-position bias, as a C++ layer and as
+// the network op (one validator, one forward). Shares the attention core with
+// MultiheadAttention.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +13,8 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "core/workspace.h"
+#include "layers/op.h"
 #include "layers/parameters.h"
 
 namespace tessera {
@@ -62,6 +66,13 @@ class Attention {
   // x [B, T, D] -> [B, T, D] float32. Checks T against spatial_shape (E_CONSTRAINT).
   // Thread-safe (const). In training mode with dropout > 0, `dropout_seed` seeds the mask.
   Tensor forward(const Tensor& x, uint64_t dropout_seed = 0) const;
+  // E_SHAPE / E_DTYPE / E_CONSTRAINT unless x is a [B, T, D] float tensor this layer accepts.
+  void check_input(const Tensor& x) const;
+  // forward's work on a checked, contiguous float32 x into `out` (contiguous float32
+  // [B, T, D]), scratch from `ws` (workspace_bytes(B, T)). Allocates nothing.
+  void forward_into(const Tensor& x, Tensor& out, Workspace& ws, uint64_t dropout_seed = 0) const;
+  // The scratch forward_into takes for x [batch, seq_len, D], from the same layout it uses.
+  size_t workspace_bytes(int64_t batch, int64_t seq_len) const;
 
   void train(bool mode = true) { training_ = mode; }
   void eval() { training_ = false; }
@@ -91,6 +102,11 @@ class Attention {
 // shapes (for counting without building the layer, and for checking `init`/`trainable` names).
 std::vector<std::pair<std::string, Shape>> attention_parameter_shapes(
     const AttentionOptions& options, int64_t dim);
+
+// The scratch Attention::forward_into takes for x [batch, seq_len, dim] (`dropout`: training
+// mode with dropout > 0), from the same layout function it runs.
+size_t attention_workspace_bytes(const AttentionOptions& options, int64_t dim, int64_t batch,
+                                 int64_t seq_len, bool dropout);
 
 // Validates the options against D (and T when known, T < 0 meaning open): the shared checks of
 // the layer and the network resolver. `where` prefixes messages ("n0 (attention)").

@@ -30,6 +30,16 @@ int64_t averaged_tile_rows(int64_t kv_len) {
   return std::clamp<int64_t>(131072 / std::max<int64_t>(kv_len, 1), 16, 256);
 }
 
+// Floats of one scores tile: `rows` query rows by S keys (at least one column).
+int64_t tile_scores_floats(int64_t rows, int64_t kv_len) {
+  return rows * std::max<int64_t>(kv_len, 1);
+}
+
+// need_weights=false and no dropout, with a fused kernel: the flash path.
+bool fused_path(const KernelTable& k, const AttentionArgs& a) {
+  return !a.need_weights && a.dropout_p == 0.0f && k.flash_attention_f32 != nullptr;
+}
+
 uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -50,6 +60,11 @@ void dropout_row(float* row, int64_t cols, float p, uint64_t seed, int64_t b, in
     row[s] = u < p ? 0.0f : row[s] * keep_scale;
   }
 }
+
+// The fused path's tallest query tile: the kernel streams all of K and V once per tile, so
+// taller tiles move fewer bytes (T=4096: 128 -> 256 rows took the kernel from 72 to 80
+// GFLOP/s). Its scratch panel is sized for this many rows.
+int64_t fused_tile_max(int64_t q_len) { return std::min<int64_t>(q_len, 256); }
 
 // True when K or V is read through a row stride wider than its head (a packed projection
 // buffer): attention_fused_f32 then copies them head-major first.
@@ -84,13 +99,11 @@ void copy_kv_head_major(const AttentionArgs& a, float* k_out, float* v_out) {
 
 // need_weights=false and no dropout: the fused kernel, one query tile of one head per task,
 // never materialising [L, S]. Scratch is per chunk of tasks, sized for the largest tile.
-void attention_fused_f32(const KernelTable& k, AttentionArgs a) {
+void attention_fused_f32(const KernelTable& k, AttentionArgs a, const AttentionScratch& scratch) {
   const int64_t L = a.q_len;
-  Tensor kv_copy;
   if (kv_strided(a) && a.kv_len > 0) {
     const int64_t k_floats = a.batch * a.heads * a.kv_len * a.head_dim;
-    kv_copy = Tensor::empty({k_floats + a.batch * a.heads * a.kv_len * a.v_head_dim}, DType::F32);
-    float* kc = kv_copy.data<float>();
+    float* kc = scratch.kv_copy;
     copy_kv_head_major(a, kc, kc + k_floats);
     a.k = kc;
     a.v = kc + k_floats;
@@ -101,20 +114,15 @@ void attention_fused_f32(const KernelTable& k, AttentionArgs a) {
     a.v_head_stride = a.kv_len * a.v_head_dim;
     a.v_row_stride = a.v_head_dim;
   }
-  // 256 rows per tile: the kernel streams all of K and V once per tile, so taller tiles move
-  // fewer bytes (T=4096: 128 -> 256 rows took the kernel from 72 to 80 GFLOP/s); but keep at
-  // least ~4 tasks per thread so causal work (uneven per tile) balances.
+  // Keep at least ~4 tasks per thread so causal work (uneven per tile) balances.
   const int64_t heads_total = a.batch * a.heads;
   const int64_t min_tasks = 4 * static_cast<int64_t>(num_threads());
-  int64_t tile = std::min<int64_t>(L, 256);
+  int64_t tile = fused_tile_max(L);
   while (tile > 32 && heads_total * ((L + tile - 1) / tile) < min_tasks) tile /= 2;
   const int64_t tiles_per_head = (L + tile - 1) / tile;
-  const int64_t scratch_floats = k.flash_attention_scratch_floats(tile, a.head_dim, a.v_head_dim);
   parallel_for(0, heads_total * tiles_per_head, 1, [&](int64_t t0, int64_t t1) {
-    // 64-byte aligned scratch (the kernel's contract): over-allocate one line and align.
-    std::vector<float> buffer(static_cast<size_t>(scratch_floats + 16));
-    auto addr = reinterpret_cast<uintptr_t>(buffer.data());
-    float* scratch = reinterpret_cast<float*>((addr + 63) & ~uintptr_t{63});
+    // A panel of at least this tile's size (sized for fused_tile_max rows), 64-byte aligned.
+    const WorkerScratch::Lease panel = scratch.tiles.acquire();
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t b = task / (a.heads * tiles_per_head);
       const int64_t h = (task / tiles_per_head) % a.heads;
@@ -144,7 +152,7 @@ void attention_fused_f32(const KernelTable& k, AttentionArgs a) {
       t.causal = a.causal;
       t.out = a.out + b * a.out_batch_stride + l0 * a.out_row_stride + h * a.out_head_stride;
       t.out_stride = a.out_row_stride;
-      t.scratch = scratch;
+      t.scratch = panel.as<float>();
       k.flash_attention_f32(t);
     }
   });
@@ -217,16 +225,19 @@ int64_t head_tile(const KernelTable& k, const AttentionArgs& a, int64_t b, int64
 // divides by the head count (PyTorch's weights.sum(dim=1) / num_heads, bit for bit). The
 // [B, H, L, S] per-head weights are never written: at B=1, T=2048, H=12 that is 192 MiB
 // written, read back and summed that now stay a 512 KiB tile in L2 (averaged_tile_rows).
-void attention_averaged_weights_f32(const KernelTable& k, const AttentionArgs& a) {
+void attention_averaged_weights_f32(const KernelTable& k, const AttentionArgs& a,
+                                    const AttentionScratch& scratch) {
   const int64_t L = a.q_len, S = a.kv_len, H = a.heads;
   // Shorter tiles when there are too few to give every thread ~4 tasks.
   const int64_t min_tasks = 4 * static_cast<int64_t>(num_threads());
   int64_t tile = averaged_tile_rows(S);
   while (tile > 16 && a.batch * ((L + tile - 1) / tile) < min_tasks) tile /= 2;
   const int64_t tiles = (L + tile - 1) / tile;
+  const int64_t tile_floats = tile_scores_floats(averaged_tile_rows(S), S);
   parallel_for(0, a.batch * tiles, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scratch(static_cast<size_t>(tile * std::max<int64_t>(S, 1))), bias;
-    if (a.rel_table) bias.resize(scratch.size());
+    const WorkerScratch::Lease lease = scratch.tiles.acquire();
+    float* scores = lease.as<float>();
+    float* bias = a.rel_table ? scores + tile_floats : nullptr;
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t b = task / tiles, l0 = (task % tiles) * tile;
       const int64_t rows = std::min(tile, L - l0);
@@ -234,9 +245,9 @@ void attention_averaged_weights_f32(const KernelTable& k, const AttentionArgs& a
       const int64_t ldp = std::max<int64_t>(visible_keys(a, l0, rows), 1);
       int64_t kv_vis = 0;
       for (int64_t h = 0; h < H; ++h) {
-        kv_vis = head_tile(k, a, b, h, l0, rows, scratch.data(), ldp, bias.data());
+        kv_vis = head_tile(k, a, b, h, l0, rows, scores, ldp, bias);
         for (int64_t r = 0; r < rows && kv_vis > 0; ++r) {
-          const float* src = scratch.data() + r * ldp;
+          const float* src = scores + r * ldp;
           float* dst = avg + r * S;
           if (h == 0) {
             std::memcpy(dst, src, static_cast<size_t>(kv_vis) * sizeof(float));
@@ -257,58 +268,64 @@ void attention_averaged_weights_f32(const KernelTable& k, const AttentionArgs& a
 
 }  // namespace
 
-double attention_scratch_bytes(const Device& device, int64_t batch, int64_t heads, int64_t kv_len,
-                               int64_t head_dim, int64_t v_head_dim) {
+AttentionScratch attention_scratch(const Device& device, const AttentionArgs& a, Workspace& ws) {
   const KernelTable& k = device.kernels();
-  // Fused: a tile of at most 256 rows plus 16 floats of alignment slack. Unfused: a scores tile
-  // of query_tile_rows(S) rows by S keys, and with a relative-position bias a second one for the
-  // bias rows (counted always: the bound stays simple and is at most 2 MiB per thread here).
-  // Each parallel_for chunk holds one set, and at most num_threads() chunks run at once.
-  const double fused =
-      k.flash_attention_f32 != nullptr
-          ? static_cast<double>(k.flash_attention_scratch_floats(256, head_dim, v_head_dim)) + 16.0
-          : 0.0;
-  const double unfused =
-      2.0 * static_cast<double>(std::max(query_tile_rows(kv_len), averaged_tile_rows(kv_len))) *
-      static_cast<double>(std::max<int64_t>(kv_len, 1));
-  // Plus, on the fused path, the head-major K and V copy (copy_kv_head_major).
-  const double kv_copy = k.flash_attention_f32 != nullptr
-                             ? static_cast<double>(batch) * static_cast<double>(heads) *
-                                   static_cast<double>(kv_len) *
-                                   static_cast<double>(head_dim + v_head_dim)
-                             : 0.0;
-  return sizeof(float) * (kv_copy + static_cast<double>(num_threads()) * std::max(fused, unfused));
+  AttentionScratch s;
+  if (a.batch <= 0 || a.heads <= 0 || a.q_len <= 0) return s;
+  const int threads = num_threads();
+  if (fused_path(k, a)) {
+    // The head-major K and V copy (copy_kv_head_major), then one kernel panel per worker.
+    if (kv_strided(a) && a.kv_len > 0)
+      s.kv_copy = ws.take<float>(a.batch * a.heads * a.kv_len * (a.head_dim + a.v_head_dim));
+    const int64_t panel = k.flash_attention_scratch_floats(fused_tile_max(a.q_len), a.head_dim,
+                                                           a.v_head_dim);
+    s.tiles = WorkerScratch(ws, sizeof(float) * static_cast<size_t>(panel), threads);
+    return s;
+  }
+  // A scores tile (the averaged path always; the per-head path unless the weights are the
+  // output) and a bias tile of the same size with a relative-position bias.
+  const bool averaged = a.need_weights && a.average_weights;
+  const int64_t tile_floats = tile_scores_floats(
+      averaged ? averaged_tile_rows(a.kv_len) : query_tile_rows(a.kv_len), a.kv_len);
+  // The bias tile follows the scores tile (reserved even when the weights are the output, so
+  // the bias is at one offset on every path). grid_h > 0: a bias table is (or will be) given.
+  const bool bias = a.grid_h > 0;
+  const int64_t floats = bias ? 2 * tile_floats : (averaged || !a.need_weights ? tile_floats : 0);
+  s.tiles = WorkerScratch(ws, sizeof(float) * static_cast<size_t>(floats), threads);
+  return s;
 }
 
-void attention_forward_f32(const Device& device, const AttentionArgs& a) {
+void attention_forward_f32(const Device& device, const AttentionArgs& a,
+                           const AttentionScratch& scratch) {
   const KernelTable& k = device.kernels();
   const int64_t L = a.q_len, S = a.kv_len;
   if (a.batch <= 0 || a.heads <= 0 || L <= 0) return;
-  if (!a.weights && a.dropout_p == 0.0f && k.flash_attention_f32 != nullptr) {
-    attention_fused_f32(k, a);
+  if (fused_path(k, a)) {
+    attention_fused_f32(k, a, scratch);
     return;
   }
-  if (a.weights && a.average_weights) {
-    attention_averaged_weights_f32(k, a);
+  if (a.need_weights && a.average_weights) {
+    attention_averaged_weights_f32(k, a, scratch);
     return;
   }
   const int64_t tile = query_tile_rows(S);
   const int64_t tiles_per_head = (L + tile - 1) / tile;
   const int64_t tasks = a.batch * a.heads * tiles_per_head;
 
+  const int64_t tile_floats = tile_scores_floats(tile, S);
   parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
-    // One scores tile per chunk of tasks (not per task): a few allocations per call.
-    std::vector<float> scratch, bias;
-    if (!a.weights) scratch.resize(static_cast<size_t>(tile * std::max<int64_t>(S, 1)));
-    if (a.rel_table) bias.resize(static_cast<size_t>(tile * std::max<int64_t>(S, 1)));
+    // One scores tile (unless the weights are the output) and one bias tile per chunk.
+    const WorkerScratch::Lease lease = scratch.tiles.acquire();
+    float* scores = lease.as<float>();
+    float* bias = a.rel_table ? scores + tile_floats : nullptr;
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t b = task / (a.heads * tiles_per_head);
       const int64_t h = (task / tiles_per_head) % a.heads;
       const int64_t l0 = (task % tiles_per_head) * tile;
       const int64_t rows = std::min(tile, L - l0);
-      float* p = a.weights ? a.weights + ((b * a.heads + h) * L + l0) * S : scratch.data();
+      float* p = a.weights ? a.weights + ((b * a.heads + h) * L + l0) * S : scores;
       const int64_t ldp = a.weights ? S : std::max<int64_t>(visible_keys(a, l0, rows), 1);
-      const int64_t kv_vis = head_tile(k, a, b, h, l0, rows, p, ldp, bias.data());
+      const int64_t kv_vis = head_tile(k, a, b, h, l0, rows, p, ldp, bias);
       if (a.weights)
         for (int64_t r = 0; r < rows; ++r) std::fill(p + r * ldp + kv_vis, p + r * ldp + S, 0.0f);
     }

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/device.h"
+#include "core/workspace.h"
 
 namespace tessera {
 
@@ -56,16 +57,25 @@ struct AttentionArgs {
   // depends only on (dropout_seed, b, h, l, s), so results do not depend on thread count.
   float dropout_p = 0.0f;
   uint64_t dropout_seed = 0;
+  // Whether `weights` is written: set it when sizing the scratch, before weights has a home.
+  bool need_weights = false;
 };
 
-// Validates nothing (layers do); splits (batch, head, query tile) over the worker threads.
-void attention_forward_f32(const Device& device, const AttentionArgs& args);
+// The scratch attention_forward_f32 works in: on the fused path a head-major copy of K and V,
+// and one tile per worker (the fused kernel's panel, or a scores tile and a bias tile).
+struct AttentionScratch {
+  float* kv_copy = nullptr;
+  WorkerScratch tiles;
+};
 
-// The most scratch attention_forward_f32 allocates at once, in bytes, for these sizes at the
-// current thread count: one scores tile or fused-kernel panel per running worker, and on the
-// fused path a head-major copy of K and V. The plan counts it against the memory budget
-// (core/limits.h).
-double attention_scratch_bytes(const Device& device, int64_t batch, int64_t heads, int64_t kv_len,
-                               int64_t head_dim, int64_t v_head_dim);
+// Lays the scratch for `args` out in `ws` (sizes, strides and flags of args are read; its
+// pointers may be null): run over a counting Workspace it sizes the scratch, over the plan's
+// it hands it out. One tile per thread of the current thread count.
+AttentionScratch attention_scratch(const Device& device, const AttentionArgs& args, Workspace& ws);
+
+// Validates nothing (layers do); splits (batch, head, query tile) over the worker threads.
+// `scratch`: attention_scratch() of the same args. Allocates nothing.
+void attention_forward_f32(const Device& device, const AttentionArgs& args,
+                           const AttentionScratch& scratch);
 
 }  // namespace tessera

@@ -4,6 +4,7 @@
 
 #include "core/parallel.h"
 #include "core/random.h"
+#include "layers/op_args.h"
 
 namespace tessera {
 
@@ -30,12 +31,11 @@ bool use_packed(const KernelTable& k, int64_t rows, int64_t out_features) {
 
 void linear_packed_forward_f32(const KernelTable& k, int64_t rows, int64_t in_features,
                                int64_t out_features, const float* x, int64_t x_stride,
-                               const float* w, const float* bias, float* y, int64_t y_stride) {
+                               const float* w, const float* bias, float* y, int64_t y_stride,
+                               float* xp) {
   const int64_t panel_rows = k.linear_panel_rows;
   const int64_t panels = (rows + panel_rows - 1) / panel_rows;
   const int64_t panel_floats = panel_rows * in_features;
-  Tensor packed = Tensor::empty({panels * panel_floats}, DType::F32);  // 64-byte aligned
-  float* xp = packed.data<float>();
   parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     k.linear_pack_f32(rows, in_features, x, x_stride, p0, p1, xp);
   });
@@ -57,20 +57,27 @@ void linear_packed_forward_f32(const KernelTable& k, int64_t rows, int64_t in_fe
   });
 }
 
+// Below ~2 MFLOP a second thread costs more (wake-up ~5-10 us) than it saves, and the packing
+// pass is not worth it either.
+bool small_product(int64_t rows, int64_t in_features, int64_t out_features) {
+  return 2.0 * static_cast<double>(rows) * in_features * out_features < 2e6;
+}
+
 }  // namespace
 
-double linear_scratch_bytes(const Device& device, int64_t rows, int64_t in_features,
-                            int64_t out_features) {
+int64_t linear_workspace_floats(const Device& device, int64_t rows, int64_t in_features,
+                                int64_t out_features) {
   const KernelTable& k = device.kernels();
-  if (!use_packed(k, rows, out_features)) return 0.0;
+  if (rows <= 0 || out_features <= 0 || small_product(rows, in_features, out_features) ||
+      !use_packed(k, rows, out_features))
+    return 0;
   const int64_t panels = (rows + k.linear_panel_rows - 1) / k.linear_panel_rows;
-  return sizeof(float) * static_cast<double>(panels) * static_cast<double>(k.linear_panel_rows) *
-         static_cast<double>(in_features);
+  return panels * k.linear_panel_rows * in_features;
 }
 
 void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
                         int64_t out_features, const float* x, int64_t x_stride, const float* w,
-                        const float* bias, float* y, int64_t y_stride) {
+                        const float* bias, float* y, int64_t y_stride, float* workspace) {
   if (rows <= 0 || out_features <= 0) return;
   const KernelTable& k = device.kernels();
   // The split below depends on the shape only, never on the thread count, so results are
@@ -78,9 +85,7 @@ void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
   // one element can change with the N of the call (measured: a [2, 512] x [512, 1024] product
   // split into 2 and into 8 column slices differed in the last bit), while splitting rows keeps
   // every element's K loop and blocking unchanged.
-  // Below ~2 MFLOP a second thread costs more (wake-up ~5-10 us) than it saves.
-  const double flops = 2.0 * static_cast<double>(rows) * in_features * out_features;
-  if (flops < 2e6) {
+  if (small_product(rows, in_features, out_features)) {
     k.gemm_f32(false, true, rows, out_features, in_features, 1.0f, x, x_stride, w, in_features,
                0.0f, y, y_stride);
     if (bias) k.add_bias_rows_f32(rows, out_features, y, y_stride, bias);
@@ -88,7 +93,7 @@ void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
   }
   if (use_packed(k, rows, out_features)) {
     linear_packed_forward_f32(k, rows, in_features, out_features, x, x_stride, w, bias, y,
-                              y_stride);
+                              y_stride, workspace);
     return;
   }
   if (rows >= 32) {
@@ -132,22 +137,124 @@ void Linear::reset_parameters(Generator& gen) {
   if (has_bias_) init_linear_bias(params_.mutable_tensor("bias"), gen, in_);
 }
 
-Tensor Linear::forward(const Tensor& x) const {
-  if (x.dim() < 1 || x.size(-1) != in_)
-    fail(ErrorCode::Shape, "linear",
-         "input " + x.shape_str() + " does not end in in_features=" + std::to_string(in_));
+namespace {
+
+// nn.Linear's rules, for the layer and the op alike: x [..., in] -> [..., out].
+void check_linear_input(const Tensor& x, int64_t in_features, const std::string& where) {
+  if (x.dim() < 1 || x.size(-1) != in_features)
+    fail(ErrorCode::Shape, where,
+         "input " + x.shape_str() + " does not end in in_features=" + std::to_string(in_features));
   if (!dtype_is_floating(x.dtype()))
-    fail(ErrorCode::DType, "linear",
+    fail(ErrorCode::DType, where,
          std::string("input dtype ") + dtype_name(x.dtype()) + " is not a float type");
+}
+
+// y = x W^T + b for a contiguous float32 x (rows of in_features), into y (rows of
+// out_features), scratch from `ws`.
+void linear_rows(const Linear& layer, const Tensor& x, Tensor& y, Workspace& ws) {
+  const int64_t K = layer.in_features(), N = layer.out_features();
+  const int64_t rows = K > 0 ? x.numel() / K : 0;
+  const ParameterSet& p = layer.parameters();
+  float* scratch = ws.take<float>(linear_workspace_floats(cpu_device(), rows, K, N));
+  linear_forward_f32(cpu_device(), rows, K, N, rows ? x.data<float>() : nullptr, K,
+                     p.tensor("weight").data<float>(),
+                     layer.has_bias() ? p.tensor("bias").data<float>() : nullptr,
+                     rows ? y.data<float>() : nullptr, N, scratch);
+}
+
+}  // namespace
+
+Tensor Linear::forward(const Tensor& x) const {
+  check_linear_input(x, in_, "linear");
   const Tensor xc = x.to(DType::F32).contiguous();
   Shape out_shape = x.shape();
   out_shape.back() = out_;
   Tensor y = Tensor::empty(out_shape, DType::F32);
-  const int64_t rows = in_ > 0 ? xc.numel() / in_ : 0;
-  linear_forward_f32(
-      x.device(), rows, in_, out_, xc.data<float>(), in_, params_.tensor("weight").data<float>(),
-      has_bias_ ? params_.tensor("bias").data<float>() : nullptr, y.data<float>(), out_);
+  const int64_t rows = xc.numel() / in_;
+  const Tensor scratch = Tensor::empty({linear_workspace_floats(cpu_device(), rows, in_, out_)});
+  Workspace ws(scratch.raw_data(), scratch.nbytes());
+  linear_rows(*this, xc, y, ws);
   return y;
+}
+
+// ---------------------------------------------------------------- the `linear` op
+
+namespace {
+
+class LinearLayer : public OpLayer {
+ public:
+  LinearLayer(int64_t in, int64_t out, bool bias, std::optional<uint64_t> seed, std::string where)
+      : linear_(in, out, bias), where_(std::move(where)) {
+    if (!seed) return;
+    Generator gen(*seed);
+    linear_.reset_parameters(gen);
+  }
+  ParameterSet* parameters() override { return &linear_.parameters(); }
+  void load(const std::map<std::string, Tensor>& state) override {
+    linear_.parameters().load(state, false, where_);
+  }
+  void forward(std::span<const Tensor* const> in, std::span<Tensor* const> out,
+               Workspace& ws) const override {
+    linear_rows(linear_, *in[0], *out[0], ws);
+  }
+
+ private:
+  Linear linear_;
+  std::string where_;
+};
+
+class LinearOp : public Op {
+ public:
+  LinearOp(const NetworkNode& node, const std::string& where) : Op(where) {
+    Args a(node.args, where, "linear");
+    out_ = a.integer("out_features");
+    bias_ = a.boolean("bias", true);
+    a.finish();
+    require_at_least(out_, 1, "out_features", where);
+  }
+  const char* name() const override { return "linear"; }
+  std::vector<PortSpec> input_ports() const override { return {{"x"}}; }
+  std::vector<std::string> output_ports() const override { return {"out"}; }
+
+  InferResult infer(const InputTypes& in, SymbolBindings&) const override {
+    const ValueType& x = *in[0];
+    require_float("x", x, "linear", where());
+    if (x.shape.empty()) fail(ErrorCode::Shape, where(), "x [] has no last dim to project");
+    const int64_t K = require_fixed(x.shape.back(), "the last dim (in_features)", x, "x", where());
+    if (K < 1) fail(ErrorCode::Shape, where(), named("x", x) + " has an empty last dim");
+    InferResult r;
+    SymShape out = x.shape;
+    out.back() = Dim::fixed(out_);
+    r.outputs.push_back({out, DType::F32});
+    r.parameters.emplace_back("weight", Shape{out_, K});
+    if (bias_) r.parameters.emplace_back("bias", Shape{out_});
+    return r;
+  }
+  OpCost cost(const InputTypes& in) const override {
+    const SymShape& x = in[0]->shape;
+    const int64_t K = x.back().value;
+    const double rows = elements(x) / static_cast<double>(K);
+    OpCost c;
+    c.flops = 2.0 * elements(x) * static_cast<double>(out_);
+    c.workspace_bytes =
+        sizeof(float) *
+        static_cast<double>(linear_workspace_floats(cpu_device(), static_cast<int64_t>(rows), K, out_));
+    return c;
+  }
+  std::unique_ptr<OpLayer> instantiate(const InputTypes& in,
+                                       std::optional<uint64_t> seed) const override {
+    return std::make_unique<LinearLayer>(in[0]->shape.back().value, out_, bias_, seed, where());
+  }
+
+ private:
+  int64_t out_;
+  bool bias_;
+};
+
+}  // namespace
+
+std::unique_ptr<Op> make_linear_op(const NetworkNode& node, const std::string& where) {
+  return std::make_unique<LinearOp>(node, where);
 }
 
 }  // namespace tessera

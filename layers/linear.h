@@ -1,5 +1,5 @@
-// Linear projections: y = x W^T + b as one large GEMM split by rows over the worker threads
-// (each worker calls the single-threaded backend GEMM on its block of rows).
+// The linear family: projections y = x W^T + b (the kernel driver every layer projects with),
+// nn.Linear, and the network's `linear` op, which share one set of rules.
 #pragma once
 
 #include <cstdint>
@@ -10,16 +10,17 @@
 
 namespace tessera {
 
+// Floats of workspace linear_forward_f32 needs for these sizes: x packed in panels when the
+// backend's own kernel runs, nothing otherwise. The one place that decides; forward follows it.
+int64_t linear_workspace_floats(const Device& device, int64_t rows, int64_t in_features,
+                                int64_t out_features);
+
 // y[m, n] = sum_k x[m, k] * w[n, k] + bias[n] (bias may be null). Row strides in elements;
-// columns contiguous. Rows are split over the threads.
+// columns contiguous. `workspace`: linear_workspace_floats(...) floats, 64-byte aligned (may be
+// null when that is 0). Work is split over the threads; allocates nothing.
 void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
                         int64_t out_features, const float* x, int64_t x_stride, const float* w,
-                        const float* bias, float* y, int64_t y_stride);
-
-// The most linear_forward_f32 allocates for these sizes, in bytes (x packed in panels when the
-// backend's own kernel runs), for the memory plans (core/limits.h).
-double linear_scratch_bytes(const Device& device, int64_t rows, int64_t in_features,
-                            int64_t out_features);
+                        const float* bias, float* y, int64_t y_stride, float* workspace);
 
 // nn.Linear(in_features, out_features, bias): parameters `weight` [out, in], `bias` [out].
 class Linear {

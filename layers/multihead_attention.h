@@ -1,5 +1,7 @@
-// torch.nn.MultiheadAttention, inference, with the behaviour fixed in
-// shared/docs/mha_semantics.md (PyTorch 2.x mask rules, fully masked rows give zeros).
+// The multihead attention family: torch.nn.MultiheadAttention, inference, with the behaviour
+// fixed in shared/docs/mha_semantics.md (PyTorch 2.x mask rules, fully masked rows give zeros),
+// as a C++ layer and as the network's `multihead_attention` op. Both go through the functions
+// below: one validator, one shape inference, one scratch layout, one forward.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +11,7 @@
 #include <utility>
 
 #include "core/tensor.h"
+#include "layers/op.h"
 #include "layers/parameters.h"
 
 namespace tessera {
@@ -28,6 +31,52 @@ struct MultiheadAttentionOptions {
   std::string device = "cpu";   // the only device today; anything else is E_UNSUPPORTED
   DType dtype = DType::F32;     // parameter dtype
 };
+
+// The call's arguments (forward's, or the op's args).
+struct MhaCall {
+  bool need_weights = true;
+  bool average_attn_weights = true;
+  bool is_causal = false;
+};
+
+// float32 parameters of one layer; null where the layout has none (packed in_proj_weight, or
+// q/k/v_proj_weight; biases when bias=false; bias_k/v without add_bias_kv).
+struct MhaWeights {
+  const float* in_proj_weight = nullptr;
+  const float* q_proj_weight = nullptr;
+  const float* k_proj_weight = nullptr;
+  const float* v_proj_weight = nullptr;
+  const float* in_proj_bias = nullptr;
+  const float* bias_k = nullptr;
+  const float* bias_v = nullptr;
+  const float* out_proj_weight = nullptr;
+  const float* out_proj_bias = nullptr;
+};
+
+// The constructor's constraints (E_CONSTRAINT, E_UNSUPPORTED for a device, E_DTYPE).
+void validate_mha_options(const MultiheadAttentionOptions& options, const std::string& where);
+// interfaces.md §1 / mha_semantics.md: packed in_proj_weight when kdim == vdim == E.
+std::vector<std::pair<std::string, Shape>> mha_parameter_shapes(
+    const MultiheadAttentionOptions& options);
+// Ports query, key?, value?, key_padding_mask?, attn_mask? (null: absent; key defaults to
+// query, value to key) -> out, weights (when need_weights). E_SHAPE / E_DTYPE naming the port
+// and shapes; a check on an open dim waits until it is bound.
+InferResult infer_mha(const MultiheadAttentionOptions& options, const MhaCall& call,
+                      const InputTypes& in, const std::string& where);
+double mha_flops(const MultiheadAttentionOptions& options, const Shape& query, const Shape& key);
+// The scratch mha_forward_f32 takes for these inputs (either layout: self-attention or not).
+size_t mha_workspace_bytes(const MultiheadAttentionOptions& options, const MhaCall& call,
+                           const Shape& query, const Shape& key, bool has_key_padding_mask,
+                           const Shape* attn_mask);
+// The forward on inputs infer_mha accepted: query/key/value contiguous float32 (one tensor
+// passed as all three is self-attention: one packed projection); masks bool or float32 of any
+// strides; output (and weights) contiguous float32 of the inferred shapes. Allocates nothing.
+void mha_forward_f32(const MultiheadAttentionOptions& options, const MhaWeights& weights,
+                     const MhaCall& call, const Tensor& query, const Tensor& key,
+                     const Tensor& value, const Tensor* key_padding_mask, const Tensor* attn_mask,
+                     Tensor& output, Tensor* attn_weights, Workspace& workspace);
+// The float32 parameters of `params` (which must be float32).
+MhaWeights mha_weights(const ParameterSet& params, const MultiheadAttentionOptions& options);
 
 struct MultiheadAttentionOutput {
   Tensor output;   // like query, last dim embed_dim

@@ -6,36 +6,13 @@
 
 #include "core/limits.h"
 #include "core/random.h"
+#include "core/text.h"
 
 namespace tessera {
 
 namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
-
-// Element count as a double, for memory estimates: products of hostile dims cannot overflow.
-double elements(const Shape& shape) {
-  double n = 1.0;
-  for (int64_t d : shape) n *= static_cast<double>(d);
-  return n;
-}
-
-// 4224 -> "4,224"
-std::string thousands(int64_t n) {
-  std::string digits = std::to_string(n < 0 ? -n : n);
-  std::string out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return n < 0 ? "-" + out : out;
-}
-
-std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
-  return s;
-}
 
 // The dtype a network input has inside the graph: a float input is the plan dtype; a bool input
 // stays bool (a mask). Anything else cannot feed an op.
@@ -498,11 +475,14 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs) 
 
   const auto& nodes = net.nodes();
   const size_t n_values = types_.size();
+  double workspace = 0.0;  // the most any node takes: nodes run one at a time
   for (size_t i = 0; i < nodes.size(); ++i) {
     std::vector<const ValueType*> in;
     for (int id : nodes[i].inputs)
       in.push_back(id >= 0 ? &types_[static_cast<size_t>(id)] : nullptr);
-    flops_ += nodes[i].op->flops(in);
+    const OpCost cost = nodes[i].op->cost(in);
+    flops_ += cost.flops;
+    workspace = std::max(workspace, cost.workspace_bytes);
   }
 
   // Lifetimes: a value lives from its producer to its last consumer; network outputs to the end.
@@ -522,7 +502,7 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs) 
   std::vector<int64_t> capacity;  // floats
   std::vector<int> free_list;
   for (size_t i = 0; i < nodes.size(); ++i) {
-    if (!model.layer(i).allocates_outputs()) {
+    {
       for (int id : nodes[i].outputs) {
         const int64_t need = shape_numel(concrete_shape(types_[static_cast<size_t>(id)].shape));
         int best = -1;
@@ -555,9 +535,8 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs) 
     for (int id : nodes[i].outputs) release(id);
   }
   // What a run holds at its peak, checked before the first buffer exists: the model, the inputs
-  // as given and float32 copies of those stored in another float dtype, the shared buffers, the
-  // outputs of layers that allocate their own (alive until the next run), and the largest
-  // scratch of any one node.
+  // as given and float32 copies of those stored in another float dtype, the shared buffers and
+  // the workspace.
   double bytes = model.memory_bytes();
   std::string shapes;
   for (const NetworkInput& in : spec.inputs) {
@@ -568,19 +547,10 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs) 
     shapes += (shapes.empty() ? "" : ", ") + in.name + "=" + shape_to_string(d.shape);
   }
   for (int64_t cap : capacity) bytes += static_cast<double>(cap) * sizeof(float);
-  double scratch = 0.0;
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    std::vector<const ValueType*> in;
-    for (int id : nodes[i].inputs)
-      in.push_back(id >= 0 ? &types_[static_cast<size_t>(id)] : nullptr);
-    scratch = std::max(scratch, nodes[i].op->scratch_bytes(in));
-    if (model.layer(i).allocates_outputs())
-      for (int id : nodes[i].outputs)
-        bytes += sizeof(float) * elements(concrete_shape(types_[static_cast<size_t>(id)].shape));
-  }
-  check_memory_budget(bytes + scratch, "inputs", "running the network on " + shapes);
+  check_memory_budget(bytes + workspace, "inputs", "running the network on " + shapes);
 
   for (int64_t cap : capacity) buffers_.push_back(Tensor::empty({std::max<int64_t>(cap, 1)}));
+  workspace_ = Tensor::empty({static_cast<int64_t>(workspace / sizeof(float)) + 1});
 
   planned_.resize(n_values);
   values_.resize(n_values);
@@ -596,6 +566,7 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs) 
   for (size_t i = 0; i < spec.inputs.size(); ++i) {
     const TensorDesc& d = inputs.at(spec.inputs[i].name);
     input_dtype_.push_back(d.dtype);
+    input_shapes_.push_back(d.shape);
     if (dtype_is_floating(d.dtype) && d.dtype != DType::F32)
       input_conversion_[i] = Tensor::empty(d.shape);
   }
@@ -625,7 +596,7 @@ const std::vector<std::pair<std::string, Tensor>>& Plan::run(
     const Tensor& t = it->second;
     const size_t id = static_cast<size_t>(net.inputs()[i]);
     const ValueType& want = types_[id];
-    if (t.shape() != concrete_shape(want.shape))
+    if (t.shape() != input_shapes_[i])
       fail(ErrorCode::Shape, "input " + name,
            "shape " + t.shape_str() + " is not the planned " + sym_shape_to_string(want.shape));
     if (t.dtype() != input_dtype_[i])
@@ -645,7 +616,8 @@ const std::vector<std::pair<std::string, Tensor>>& Plan::run(
   const auto& nodes = net.nodes();
   for (size_t i = 0; i < nodes.size(); ++i) {
     try {
-      model_->layer(i).forward(node_in_[i], node_out_[i]);
+      Workspace ws(workspace_.raw_data(), workspace_.nbytes());
+      model_->layer(i).forward(node_in_[i], node_out_[i], ws);
     } catch (const Error& e) {
       // Name the node, whatever name the layer gave itself.
       if (e.where() == nodes[i].op->where()) throw;

@@ -3,8 +3,9 @@
 //     value's shape inferred with open dimensions kept symbolic (B, T, ...), parameters counted.
 //   Model: a Network with its layers built and parameters initialised or loaded. Immutable once
 //     loaded; several threads may run one Model at once, each through its own Plan.
-//   Plan: a Model bound to concrete input shapes. Every intermediate buffer is allocated once at
-//     construction, buffers whose lifetimes do not overlap shared, so run() allocates none.
+//   Plan: a Model bound to concrete input shapes. Every intermediate buffer and one workspace
+//     (the most scratch any node reports, Op::cost) are allocated once at construction, buffers
+//     whose lifetimes do not overlap shared, so run() allocates nothing (tests/test_allocations).
 #pragma once
 
 #include <cstdint>
@@ -18,7 +19,7 @@
 #include "core/tensor.h"
 #include "io/network_file.h"
 #include "io/safetensors.h"
-#include "layers/op_registry.h"
+#include "layers/op.h"
 
 namespace tessera {
 
@@ -164,21 +165,24 @@ class Plan {
   const std::vector<std::pair<std::string, Tensor>>& run(
       const std::map<std::string, Tensor>& inputs);
 
-  // FLOPs of one run (the ops' convention, op_registry.h).
+  // FLOPs of one run (the ops' convention, OpCost in op.h).
   double flops() const { return flops_; }
+  // Bytes of the workspace the nodes share (the largest any one reports).
+  size_t workspace_bytes() const { return workspace_.nbytes(); }
   // Concrete types of every value, indexed like network().values().
   const std::vector<ValueType>& types() const { return types_; }
   // The value's tensor after a run (undefined before the first).
   const Tensor& value(int id) const { return values_[static_cast<size_t>(id)]; }
 
-  // The buffers the plan owns: intermediates (shared by values whose lifetimes do not overlap)
-  // and input conversions. Allocated at construction, never reallocated by run().
+  // The buffers the plan owns besides its workspace: intermediates (shared by values whose
+  // lifetimes do not overlap) and input conversions. Allocated at construction, never
+  // reallocated by run().
   struct Buffer {
     const void* data;
     size_t bytes;
   };
   std::vector<Buffer> buffers() const;
-  // Which buffer holds each value (-1: none; a network input, or a layer that allocates its own).
+  // Which buffer holds each value (-1: none, for a network input).
   const std::vector<int>& value_buffers() const { return value_buffer_; }
 
  private:
@@ -186,6 +190,8 @@ class Plan {
   std::vector<ValueType> types_;
   double flops_ = 0.0;
   std::vector<Tensor> buffers_;           // the intermediate buffers, 1-D float32
+  Tensor workspace_;                      // the nodes' scratch, shared (they run one by one)
+  std::vector<Shape> input_shapes_;       // per network input: the bound shape
   std::vector<int> value_buffer_;         // value -> buffer, -1 when none
   std::vector<Tensor> planned_;           // value -> its view into a buffer (when it has one)
   std::vector<Tensor> values_;            // value -> tensor of the current run

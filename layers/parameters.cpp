@@ -14,29 +14,29 @@ Parameter& ParameterSet::add(const std::string& name, const Shape& shape, DType 
   return params_.back();
 }
 
-bool ParameterSet::contains(const std::string& name) const { return find(name) != nullptr; }
+bool ParameterSet::contains(std::string_view name) const { return find(name) != nullptr; }
 
-Parameter* ParameterSet::find(const std::string& name) {
+Parameter* ParameterSet::find(std::string_view name) {
   for (Parameter& p : params_)
     if (p.name == name) return &p;
   return nullptr;
 }
 
-const Parameter* ParameterSet::find(const std::string& name) const {
+const Parameter* ParameterSet::find(std::string_view name) const {
   for (const Parameter& p : params_)
     if (p.name == name) return &p;
   return nullptr;
 }
 
-const Tensor& ParameterSet::tensor(const std::string& name) const {
+const Tensor& ParameterSet::tensor(std::string_view name) const {
   const Parameter* p = find(name);
-  if (!p) fail(ErrorCode::Internal, "ParameterSet", "no parameter " + name);
+  if (!p) fail(ErrorCode::Internal, "ParameterSet", "no parameter " + std::string(name));
   return p->value;
 }
 
-Tensor& ParameterSet::mutable_tensor(const std::string& name) {
+Tensor& ParameterSet::mutable_tensor(std::string_view name) {
   Parameter* p = find(name);
-  if (!p) fail(ErrorCode::Internal, "ParameterSet", "no parameter " + name);
+  if (!p) fail(ErrorCode::Internal, "ParameterSet", "no parameter " + std::string(name));
   detach(*p);
   return p->value;
 }

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -28,14 +29,14 @@ class ParameterSet {
  public:
   // Declares a parameter (zero-filled until initialised or loaded).
   Parameter& add(const std::string& name, const Shape& shape, DType dtype = DType::F32);
-  bool contains(const std::string& name) const;
-  Parameter* find(const std::string& name);
-  const Parameter* find(const std::string& name) const;
-  const Tensor& tensor(const std::string& name) const;  // E_INTERNAL when absent
+  bool contains(std::string_view name) const;
+  Parameter* find(std::string_view name);
+  const Parameter* find(std::string_view name) const;
+  const Tensor& tensor(std::string_view name) const;  // E_INTERNAL when absent
   // Write access copies a parameter that is a read-only view of a checkpoint first (see
   // load()), so writes never reach the mapping: mutable_tensor() that one, all() every one.
   // find() gives the Parameter to inspect or to replace its value, not to write its data.
-  Tensor& mutable_tensor(const std::string& name);
+  Tensor& mutable_tensor(std::string_view name);
   const std::vector<Parameter>& all() const { return params_; }
   std::vector<Parameter>& all();
   int64_t count() const;  // total number of elements

@@ -14,7 +14,9 @@
 #include "layers/attention.h"
 #include "layers/linear.h"
 #include "layers/network.h"
-#include "layers/ops.h"
+#include "layers/elementwise.h"
+#include "layers/norm.h"
+#include "layers/shape_ops.h"
 
 using namespace tessera;
 

@@ -249,12 +249,12 @@ BOOST_AUTO_TEST_CASE(plans_over_the_budget_are_refused_with_e_shape) {
   // scratch): no refusal, and the run gives an empty output.
   Plan empty(attention, {{"x", TensorDesc{{0, int64_t{1} << 40, 8}}}});
   BOOST_TEST(empty.run({{"x", Tensor::zeros({0, int64_t{1} << 40, 8})}})[0].second.numel() == 0);
-  // MultiheadAttention at L = S = 256: averaged weights [N, L, S] (256 KiB), per-head weights
-  // [N, H, L, S] (512 KiB) and two 256-row score tiles (512 KiB) are 1.3 MiB with the rest;
-  // L = 64 needs 170 KiB.
+  // MultiheadAttention at L = S = 384: averaged weights [N, L, S] (576 KiB) and one 256-row
+  // score tile per thread (2 x 384 KiB, the workspace) are 1.4 MiB with the rest; L = 64 needs
+  // about 100 KiB.
   Plan small(mha, {{"q", TensorDesc{{64, 1, 8}}}});
-  expect_error(ErrorCode::Shape, "running the network on q=[256, 1, 8]", [&] {
-    Plan p(mha, {{"q", TensorDesc{{256, 1, 8}}}});
+  expect_error(ErrorCode::Shape, "running the network on q=[384, 1, 8]", [&] {
+    Plan p(mha, {{"q", TensorDesc{{384, 1, 8}}}});
   });
 }
 

@@ -46,6 +46,7 @@ KernelTable make_cpu_kernels() {
   t.add_f32 = cpu::add_f32;
   t.gelu_f32 = cpu::gelu_f32;
   t.layer_norm_rows_f32 = cpu::layer_norm_rows_f32;
+  t.unary_maps_f32 = cpu::unary_maps_f32(&t.unary_map_count);
   t.flash_attention_f32 = cpu::flash_attention_f32_dispatch;
   t.flash_attention_scratch_floats = cpu::flash_attention_scratch_floats_cpu;
   return t;

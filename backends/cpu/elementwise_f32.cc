@@ -257,6 +257,19 @@ HWY_EXPORT(LayerNormRowsF32);
 namespace cpu {
 int64_t dispatched_target() { return HWY_DYNAMIC_DISPATCH(DispatchedTarget)(); }
 
+namespace {
+// The elementwise maps, by the op they serve: one line per map.
+constexpr NamedUnaryMapF32 kUnaryMaps[] = {
+    {nullptr, nullptr},
+};
+}  // namespace
+
+const NamedUnaryMapF32* unary_maps_f32(int64_t* count) {
+  *count = 0;
+  for (const NamedUnaryMapF32& m : kUnaryMaps) *count += m.name != nullptr;
+  return kUnaryMaps;
+}
+
 void rope_rotate_half_f32(int64_t positions, int64_t heads, int64_t head_dim, float* x,
                           int64_t row_stride, const float* cos, const float* sin) {
   HWY_DYNAMIC_DISPATCH(RopeRotateHalfF32)(positions, heads, head_dim, x, row_stride, cos, sin);

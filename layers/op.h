@@ -1,0 +1,144 @@
+// The op framework: what every op of a network (shared/docs/interfaces.md §2, the ops table)
+// provides, in one place per op.
+//
+// An Op is a node's definition: its arguments, parsed and checked once (E_ARG for an unknown or
+// mistyped argument, E_CONSTRAINT for a value out of range). From input types, symbolic or
+// concrete, it infers the output types and names and shapes its parameters (infer), and from
+// concrete ones it reports what one forward costs (cost: FLOPs, workspace bytes, resident
+// bytes). instantiate() makes an OpLayer: the op with its parameters, ready to run. Ops are
+// immutable and OpLayer::forward is const, so one model serves several threads, each through
+// its own plan.
+//
+// Each family of ops (linear, norm, elementwise, shape, attention, multihead attention) lives in
+// one file of layers/ beside the C++ layer it shares its rules with; the registry
+// (op_registry.cpp) is a table with one line per op. ARCHITECTURE.md has the recipe for a new op.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/shape.h"
+#include "core/tensor.h"
+#include "core/workspace.h"
+#include "io/network_file.h"
+#include "layers/parameters.h"
+
+namespace tessera {
+
+// The type of a value flowing between nodes.
+struct ValueType {
+  SymShape shape;
+  DType dtype = DType::F32;  // the plan dtype for computed values; bool (or float) for masks
+};
+
+struct PortSpec {
+  std::string name;
+  bool optional = false;
+};
+
+struct InferResult {
+  std::vector<ValueType> outputs;                         // one per output port
+  std::vector<std::pair<std::string, Shape>> parameters;  // name within the node -> shape
+};
+
+// Symbols an op fixed while inferring (an attention grid fixes T: H*W == T).
+using SymbolBindings = std::map<std::string, int64_t>;
+
+// What one forward on concrete input types costs.
+struct OpCost {
+  // Convention (fvcore's): a matrix product counts 2*m*n*k, layer_norm 5 per element (4
+  // without affine), other elementwise ops one per element produced, data movement (chunk,
+  // concat) nothing; causal attention counts the full score matrix.
+  double flops = 0.0;
+  // Scratch the forward takes from the plan's workspace (Workspace: the same layout function
+  // sizes it and hands it out).
+  double workspace_bytes = 0.0;
+};
+
+// Input and output types of one node, as the resolver and the plan pass them: `in` follows
+// input_ports() (null for an absent optional port).
+using InputTypes = std::vector<const ValueType*>;
+
+// An op with its parameters, ready to run.
+class OpLayer {
+ public:
+  virtual ~OpLayer() = default;
+  // Null when the op has no parameters.
+  virtual ParameterSet* parameters() { return nullptr; }
+  const ParameterSet* parameters() const { return const_cast<OpLayer*>(this)->parameters(); }
+  // Loads parameters (keys without the node prefix) that the caller has already checked.
+  virtual void load(const std::map<std::string, Tensor>& state) { (void)state; }
+  // `in`: one per input port (null for an absent optional port), of the types the plan was
+  // made for; float inputs are contiguous float32. `out`: one per output port, contiguous
+  // float32 tensors of the inferred shapes in the plan's buffers, written in place.
+  // `workspace`: at least Op::cost(in).workspace_bytes. Allocates nothing; thread-safe.
+  virtual void forward(std::span<const Tensor* const> in, std::span<Tensor* const> out,
+                       Workspace& workspace) const = 0;
+};
+
+// A parameterless op's layer: forward is a function of the inputs and the op's arguments.
+template <class Fn>
+class FunctionLayer : public OpLayer {
+ public:
+  explicit FunctionLayer(Fn fn) : fn_(std::move(fn)) {}
+  void forward(std::span<const Tensor* const> in, std::span<Tensor* const> out,
+               Workspace&) const override {
+    fn_(in, out);
+  }
+
+ private:
+  Fn fn_;
+};
+
+template <class Fn>
+std::unique_ptr<OpLayer> function_layer(Fn fn) {
+  return std::make_unique<FunctionLayer<Fn>>(std::move(fn));
+}
+
+class Op {
+ public:
+  explicit Op(std::string where) : where_(std::move(where)) {}
+  virtual ~Op() = default;
+  // "n0 (attention)": prefixes every message about this node.
+  const std::string& where() const { return where_; }
+  virtual const char* name() const = 0;
+  virtual std::vector<PortSpec> input_ports() const = 0;
+  virtual std::vector<std::string> output_ports() const = 0;
+  // Checks every constraint and shape it can (E_CONSTRAINT, E_SHAPE, E_DTYPE); a check that
+  // involves an open dimension waits until the dimension is bound. May fix symbols in `bound`
+  // (E_CONSTRAINT on a conflict).
+  virtual InferResult infer(const InputTypes& in, SymbolBindings& bound) const = 0;
+  // On concrete input types that infer() accepted.
+  virtual OpCost cost(const InputTypes& in) const = 0;
+  // What the layer holds besides its parameters once built (attention: its packed q/k/v
+  // weights), for the model's memory budget check before anything is built; on the resolved
+  // types, whose open dims the layer does not depend on.
+  virtual double resident_bytes(const InputTypes& in) const {
+    (void)in;
+    return 0.0;
+  }
+  // The op with its parameters, initialised from `seed` as the layer's reset does; without a
+  // seed nothing is drawn (parameters stay zero, layer_norm's take their constant ones) and
+  // large ones stay untouched memory, for a caller that loads every one next (a complete
+  // checkpoint: 1 GB of weights is then never drawn nor written, ~3 s and 1 GB of RSS saved
+  // here). `in` as for infer() (the dims the parameters depend on are fixed by then).
+  virtual std::unique_ptr<OpLayer> instantiate(const InputTypes& in,
+                                               std::optional<uint64_t> seed) const = 0;
+
+ private:
+  std::string where_;
+};
+
+// The op of a node: E_ARG for an unknown op, an unknown or mistyped argument, an unknown input
+// port or a missing required one; E_CONSTRAINT for an argument value out of range.
+std::unique_ptr<Op> make_op(const NetworkNode& node);
+// Every op name, in the order of the ops table.
+const std::vector<std::string>& op_names();
+
+}  // namespace tessera
