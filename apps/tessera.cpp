@@ -22,9 +22,12 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/random.h"
+#include "core/text.h"
 #include "io/network_file.h"
 #include "io/safetensors.h"
 #include "layers/network.h"
+#include "runtime/loader.h"
+#include "runtime/session.h"
 
 #ifndef TESSERA_VERSION
 #error "TESSERA_VERSION comes from meson (apps/meson.build)"
@@ -71,23 +74,6 @@ void flush_warnings() {
   for (const std::string& w : g_warnings)
     std::fprintf(stderr, "tessera: warning: %s\n", one_line(w).c_str());
   g_warnings.clear();
-}
-
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
-  return s;
-}
-
-// 412345 -> "412,345"
-std::string thousands(uint64_t n) {
-  const std::string digits = std::to_string(n);
-  std::string out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return out;
 }
 
 // ------------------------------------------------------------------ argument parsing
@@ -238,8 +224,8 @@ int cmd_run(int argc, char** argv) {
   const uint64_t seed = cmd.integer("seed", 0, 0, UINT64_MAX);
   apply_threads(cmd);
 
-  Model model = load_net(net, cmd.optional("weights"), !cmd.has("non-strict"), seed);
-  const NetworkSpec& spec = model.network().spec();
+  const Session session(load_net(net, cmd.optional("weights"), !cmd.has("non-strict"), seed));
+  const NetworkSpec& spec = session.model().network().spec();
 
   const SafetensorsFile in = SafetensorsFile::open(input);
   std::vector<std::string> missing, unknown, names;
@@ -267,10 +253,10 @@ int cmd_run(int argc, char** argv) {
     descs[i.name] = TensorDesc{t.shape(), t.dtype()};
     tensors.emplace(i.name, std::move(t));
   }
-  Plan plan(model, descs);
-  const auto& outputs = plan.run(tensors);
+  // A lease, not Session::run: the outputs are written from the plan's buffers, not copied first.
+  Session::Lease lease = session.lease(descs);
   NamedTensors out;
-  for (const auto& [name, t] : outputs) out.emplace_back(name, t.to(DType::F32));
+  for (const auto& [name, t] : lease.run(tensors)) out.emplace_back(name, t.to(DType::F32));
   save_safetensors(output, out);
   flush_warnings();
   return 0;
@@ -417,9 +403,9 @@ int cmd_bench(int argc, char** argv) {
   const uint64_t reps = cmd.integer("reps", 20, 1, 1'000'000);
   apply_threads(cmd);
 
-  Model model = load_net(net, cmd.optional("weights"), true, 0);
+  const Session session(load_net(net, cmd.optional("weights"), true, 0));
   // The shapes --shape gives, checked against the network (symbols, spatial grids).
-  const Network bound = Network::resolve(model.network().spec(), shapes);
+  const Network bound = Network::resolve(session.model().network().spec(), shapes);
   std::map<std::string, TensorDesc> descs;
   std::vector<std::string> shape_text;
   for (size_t i = 0; i < bound.inputs().size(); ++i) {
@@ -432,8 +418,9 @@ int cmd_bench(int argc, char** argv) {
     descs[v.name] = TensorDesc{shape, v.type.dtype == DType::Bool ? DType::Bool : DType::F32};
     shape_text.push_back(v.name + "=" + shape_to_string(shape));
   }
-  // The plan first: it refuses shapes over the memory budget before the inputs are made.
-  Plan plan(model, descs);
+  // The plan first: it refuses shapes over the memory budget before the inputs are made. One
+  // plan serves every run, warm-up included.
+  Session::Lease lease = session.lease(descs);
   Generator gen(0);
   std::map<std::string, Tensor> inputs;
   for (size_t i = 0; i < bound.inputs().size(); ++i) {
@@ -446,14 +433,14 @@ int cmd_bench(int argc, char** argv) {
 
   ProgressBar warm("warm-up", warmup);
   for (uint64_t i = 0; i < warmup; ++i) {
-    plan.run(inputs);
+    lease.run(inputs);
     warm.update(i + 1);
   }
   std::vector<double> ms;
   ProgressBar timed("bench  ", reps);
   for (uint64_t i = 0; i < reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    plan.run(inputs);
+    lease.run(inputs);
     const auto t1 = std::chrono::steady_clock::now();
     ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     timed.update(i + 1);
@@ -462,7 +449,7 @@ int cmd_bench(int argc, char** argv) {
   std::sort(ms.begin(), ms.end());
   const size_t n = ms.size();
   const double median = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
-  const double gflops = median > 0 ? plan.flops() / (median * 1e-3) / 1e9 : 0.0;
+  const double gflops = median > 0 ? lease.plan().flops() / (median * 1e-3) / 1e9 : 0.0;
   struct rusage usage;
   getrusage(RUSAGE_SELF, &usage);
   const double peak_rss_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss: KiB
@@ -484,7 +471,7 @@ int cmd_bench(int argc, char** argv) {
                   "peak RSS: %.1f MB\n",
                   net.c_str(), join(shape_text).c_str(), num_threads(),
                   static_cast<unsigned long long>(warmup), static_cast<unsigned long long>(reps),
-                  median, ms.front(), ms.back(), gflops, plan.flops() / 1e9, peak_rss_mb);
+                  median, ms.front(), ms.back(), gflops, lease.plan().flops() / 1e9, peak_rss_mb);
     std::cout << buf;
   }
   flush_warnings();

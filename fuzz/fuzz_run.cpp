@@ -33,6 +33,7 @@
 #include "io/network_file.h"
 #include "io/safetensors.h"
 #include "layers/network.h"
+#include "runtime/loader.h"
 
 using namespace tessera;
 

@@ -13,6 +13,7 @@
 #include "io/safetensors.h"
 #include "layers/network.h"
 #include "layers/parameters.h"
+#include "runtime/loader.h"
 
 using namespace tessera;
 

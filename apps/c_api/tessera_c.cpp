@@ -1,19 +1,11 @@
-// The C API (include/tessera/tessera.h): handles around the library's Model, Plan and Tensor,
-// and every exception turned into a code and a message. Like the command line, this file only
-// maps calls and errors: loading is tessera::load_model (shared with `tessera run`), running is
-// tessera::Plan.
-//
-// Concurrency: a model's layers are immutable after loading and OpLayer::forward is const, so
-// runs share them freely. What a run writes lives in a Plan (its intermediate buffers), which
-// serves one run at a time; the model keeps idle plans in a small pool, keyed by the input
-// shapes and dtypes, so a steady caller reuses warm buffers instead of faulting in fresh ones
-// (first touch runs at about 0.33 GB/s here: 30 ms for a 10 MB workspace, per run).
+// The C API (include/tessera/tessera.h): handles around the library's Session and Tensor, and
+// every exception turned into a code and a message. Like the command line, this file only maps
+// calls and errors: loading is tessera::load_model and running is tessera::Session (both shared
+// with `tessera run`); the session's pool of plans is what lets one model run from many threads.
 #include <algorithm>
 #include <cstring>
-#include <list>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <optional>
 #include <string>
@@ -25,6 +17,8 @@
 #include "core/tensor.h"
 #include "io/safetensors.h"
 #include "layers/network.h"
+#include "runtime/loader.h"
+#include "runtime/session.h"
 #include "tessera/tessera.h"
 
 #ifndef TESSERA_VERSION
@@ -45,12 +39,6 @@ namespace {
 using tessera::DType;
 using tessera::ErrorCode;
 using tessera::Tensor;
-
-// Idle workspaces a model keeps. 8 covers 8 threads each running one input shape (the
-// concurrency test), or a few threads alternating between a few shapes; beyond that the least
-// recently used one is dropped. A workspace is the plan's intermediates: for the example encoder
-// 72 KB at [2, 16, 64], 18 MB at [2, 4096, 64] (tessera_model_trim frees them).
-constexpr size_t kMaxIdlePlans = 8;
 
 // Handed out when even the error object cannot be allocated; tessera_error_free skips it. Never
 // written after static initialisation.
@@ -179,14 +167,11 @@ void require(const void* p, const char* what, const char* fn) {
   if (p == nullptr) tessera::fail(ErrorCode::Arg, fn, std::string(what) + " is NULL");
 }
 
-// What a workspace was planned for: every input's shape and stored dtype, in input order.
-using PlanKey = std::vector<std::pair<tessera::Shape, DType>>;
-
 }  // namespace
 
 struct tessera_model {
-  explicit tessera_model(tessera::Model m) : model(std::move(m)) {
-    const tessera::Network& net = model.network();
+  explicit tessera_model(tessera::Model m) : session(std::move(m)) {
+    const tessera::Network& net = session.model().network();
     for (int id : net.inputs()) {
       const tessera::NetworkValue& v = net.values()[static_cast<size_t>(id)];
       inputs.push_back({v.name, v.type});
@@ -200,38 +185,8 @@ struct tessera_model {
     tessera::ValueType type;  // as resolved: open dims symbolic unless the network fixes them
   };
 
-  // A workspace for `key`: an idle one when the pool has it, else a new one (outside the lock:
-  // planning allocates every buffer).
-  std::unique_ptr<tessera::Plan> take(
-      const PlanKey& key, const std::map<std::string, tessera::TensorDesc>& descs) const {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      for (auto it = idle.begin(); it != idle.end(); ++it) {
-        if (it->first != key) continue;
-        std::unique_ptr<tessera::Plan> plan = std::move(it->second);
-        idle.erase(it);
-        return plan;
-      }
-    }
-    return std::make_unique<tessera::Plan>(model, descs);
-  }
-
-  // Back to the pool, most recently used first; the least recently used beyond the cap go.
-  void give_back(PlanKey key, std::unique_ptr<tessera::Plan> plan) const {
-    std::unique_ptr<tessera::Plan> dropped;  // freed after the lock is released
-    std::lock_guard<std::mutex> lock(mutex);
-    idle.emplace_front(std::move(key), std::move(plan));
-    if (idle.size() > kMaxIdlePlans) {
-      dropped = std::move(idle.back().second);
-      idle.pop_back();
-    }
-  }
-
-  tessera::Model model;
+  tessera::Session session;  // the model and its pool of plans, the only state runs share
   std::vector<Port> inputs, outputs;
-  // The pool is the only state runs share; a run holds the lock only to take or return a plan.
-  mutable std::mutex mutex;
-  mutable std::list<std::pair<PlanKey, std::unique_ptr<tessera::Plan>>> idle;
 };
 
 namespace {
@@ -500,44 +455,38 @@ tessera_code tessera_model_run(const tessera_model* model, const tessera_tensor*
                         std::to_string(model->outputs.size()) + " outputs");
     std::map<std::string, Tensor> tensors;
     std::map<std::string, tessera::TensorDesc> descs;
-    PlanKey key;
     for (size_t i = 0; i < num_inputs; ++i) {
       const std::string& name = model->inputs[i].name;
       if (!inputs[i]) tessera::fail(ErrorCode::Arg, fn, "input " + name + " is NULL");
       const Tensor& t = inputs[i]->tensor;
       tensors.emplace(name, t);
       descs[name] = tessera::TensorDesc{t.shape(), t.dtype()};
-      key.emplace_back(t.shape(), t.dtype());
     }
-    // Binding checks every input (E_DTYPE, E_SHAPE, E_CONSTRAINT) before anything runs.
-    std::unique_ptr<tessera::Plan> plan = model->take(key, descs);
+    // Binding checks every input (E_DTYPE, E_SHAPE, E_CONSTRAINT) before anything runs. The
+    // lease, not Session::run: caller-owned slots take the values straight from the plan.
+    tessera::Session::Lease lease = model->session.lease(descs);
 
     // Caller-owned outputs must match exactly: checked before the run, so a mismatch costs
     // nothing and writes nothing (and the workspace, still good, goes back to the pool).
-    const tessera::Network& net = model->model.network();
-    try {
-      for (size_t k = 0; k < num_outputs; ++k) {
-        if (!outputs[k]) continue;
-        const tessera::ValueType& want =
-            plan->types()[static_cast<size_t>(net.outputs()[k].second)];
-        const Tensor& have = outputs[k]->tensor;
-        const std::string where = "output " + model->outputs[k].name;
-        if (have.dtype() != want.dtype)
-          tessera::fail(ErrorCode::DType, where,
-                        std::string("the buffer is ") +
-                            tessera::dtype_safetensors_name(have.dtype()) + ", the output is " +
-                            tessera::dtype_safetensors_name(want.dtype));
-        if (have.shape() != tessera::concrete_shape(want.shape))
-          tessera::fail(ErrorCode::Shape, where,
-                        "the buffer is " + have.shape_str() + ", the output is " +
-                            tessera::sym_shape_to_string(want.shape));
-      }
-    } catch (...) {
-      model->give_back(std::move(key), std::move(plan));
-      throw;
+    const tessera::Network& net = model->session.model().network();
+    for (size_t k = 0; k < num_outputs; ++k) {
+      if (!outputs[k]) continue;
+      const tessera::ValueType& want =
+          lease.plan().types()[static_cast<size_t>(net.outputs()[k].second)];
+      const Tensor& have = outputs[k]->tensor;
+      const std::string where = "output " + model->outputs[k].name;
+      if (have.dtype() != want.dtype)
+        tessera::fail(ErrorCode::DType, where,
+                      std::string("the buffer is ") +
+                          tessera::dtype_safetensors_name(have.dtype()) + ", the output is " +
+                          tessera::dtype_safetensors_name(want.dtype));
+      if (have.shape() != tessera::concrete_shape(want.shape))
+        tessera::fail(ErrorCode::Shape, where,
+                      "the buffer is " + have.shape_str() + ", the output is " +
+                          tessera::sym_shape_to_string(want.shape));
     }
 
-    const std::vector<std::pair<std::string, Tensor>>& results = plan->run(tensors);
+    const std::vector<std::pair<std::string, Tensor>>& results = lease.run(tensors);
     // New tensors first, slots after: a failed allocation leaves every slot as it was.
     std::vector<std::unique_ptr<tessera_tensor>> fresh(num_outputs);
     for (size_t k = 0; k < num_outputs; ++k)
@@ -545,20 +494,13 @@ tessera_code tessera_model_run(const tessera_model* model, const tessera_tensor*
         fresh[k] = std::make_unique<tessera_tensor>(tessera_tensor{results[k].second.clone()});
     for (size_t k = 0; k < num_outputs; ++k)
       if (outputs[k]) outputs[k]->tensor.copy_from(results[k].second);
-    model->give_back(std::move(key), std::move(plan));
     for (size_t k = 0; k < num_outputs; ++k)
       if (fresh[k]) outputs[k] = fresh[k].release();
   });
 }
 
 void tessera_model_trim(tessera_model* model) {
-  if (!model) return;
-  std::list<std::pair<PlanKey, std::unique_ptr<tessera::Plan>>> idle;
-  {
-    std::lock_guard<std::mutex> lock(model->mutex);
-    idle.swap(model->idle);
-  }
-  // The plans (and their buffers) are freed here, outside the lock.
+  if (model) model->session.trim();
 }
 
 }  // extern "C"
