@@ -393,27 +393,25 @@ size_t mha_workspace_bytes(const MultiheadAttentionOptions& opt, const MhaCall& 
   return bytes;
 }
 
-void mha_forward_f32(const MultiheadAttentionOptions& opt, const MhaWeights& w, const MhaCall& call,
-                     const Tensor& query, const Tensor& key, const Tensor& value,
-                     const Tensor* key_padding_mask, const Tensor* attn_mask, Tensor& output,
-                     Tensor* weights, Workspace& ws) {
-  const MhaDims d = mha_dims(opt, query.shape(), key.shape());
-  const int64_t N = d.N, L = d.L, S = d.S, E = d.E, H = d.H;
-  if (N == 0 || L == 0) return;
+namespace {
+
+// Steps 2 and 3: the in-projections into s.proj, then the appended key/value positions. Returns
+// where q, k and v start (strides: core_args).
+struct ProjectedQkv {
+  const float *q, *k, *v;
+};
+
+ProjectedQkv project_qkv(const MultiheadAttentionOptions& opt, const MhaWeights& w,
+                         const MhaDims& d, bool self, const Tensor& query, const Tensor& key,
+                         const Tensor& value, const MhaScratch& s) {
   const Device& device = cpu_device();
+  const int64_t N = d.N, L = d.L, S = d.S, E = d.E;
   const bool packed = d.kdim == E && d.vdim == E;
-  const bool self = packed && same_tensor(query, key) && same_tensor(key, value);
-  const MaskPlan m = mask_plan(d, call, key_padding_mask != nullptr, attn_mask != nullptr,
-                               attn_mask ? attn_mask->dim() : 0);
-  AttentionArgs args = core_args(d, call, m, self);
-  const MhaScratch s = layout_scratch(device, d, m, args, self, ws);
   const float* bq = w.in_proj_bias;
   const float* bk = bq ? bq + E : nullptr;
   const float* bv = bq ? bq + 2 * E : nullptr;
-
-  // ---- in-projection (step 2) and appended positions (step 3)
-  const float *q, *k, *v;
   const Layout kv_layout{d.batch_first, N, d.Sp, self ? 3 * E : E};
+  float *q, *k, *v;
   if (self) {
     // L == S here. One [rows, 3E] buffer with S' positions per sequence: the q columns of the
     // appended rows are never read.
@@ -424,83 +422,99 @@ void mha_forward_f32(const MultiheadAttentionOptions& opt, const MhaWeights& w, 
     v = s.proj + 2 * E;
   } else {
     const Layout q_layout{d.batch_first, N, L, E};
-    float* qb = s.proj;
-    float* kb = qb + N * L * E;
-    float* vb = kb + N * d.Sp * E;
+    q = s.proj;
+    k = q + N * L * E;
+    v = k + N * d.Sp * E;
     const float* wq = packed ? w.in_proj_weight : w.q_proj_weight;
     const float* wk = packed ? wq + E * E : w.k_proj_weight;
     const float* wv = packed ? wq + 2 * E * E : w.v_proj_weight;
-    project(device, query.data<float>(), L, E, E, wq, bq, qb, q_layout, s.linear);
+    project(device, query.data<float>(), L, E, E, wq, bq, q, q_layout, s.linear);
     if (S > 0) {
-      project(device, key.data<float>(), S, d.kdim, E, wk, bk, kb, kv_layout, s.linear);
-      project(device, value.data<float>(), S, d.vdim, E, wv, bv, vb, kv_layout, s.linear);
-    }
-    q = qb;
-    k = kb;
-    v = vb;
-  }
-  {
-    float* kw = const_cast<float*>(k);  // the buffer is ours; k/v are const for the core
-    float* vw = const_cast<float*>(v);
-    int64_t pos = S;
-    if (opt.add_bias_kv) {
-      fill_position(kw, kv_layout, pos, E, w.bias_k);
-      fill_position(vw, kv_layout, pos, E, w.bias_v);
-      ++pos;
-    }
-    if (opt.add_zero_attn) {
-      fill_position(kw, kv_layout, pos, E, nullptr);
-      fill_position(vw, kv_layout, pos, E, nullptr);
+      project(device, key.data<float>(), S, d.kdim, E, wk, bk, k, kv_layout, s.linear);
+      project(device, value.data<float>(), S, d.vdim, E, wv, bv, v, kv_layout, s.linear);
     }
   }
+  int64_t pos = S;
+  if (opt.add_bias_kv) {
+    fill_position(k, kv_layout, pos, E, w.bias_k);
+    fill_position(v, kv_layout, pos, E, w.bias_v);
+    ++pos;
+  }
+  if (opt.add_zero_attn) {
+    fill_position(k, kv_layout, pos, E, nullptr);
+    fill_position(v, kv_layout, pos, E, nullptr);
+  }
+  return {q, k, v};
+}
 
-  // ---- masks (step 4)
-  if (m.any) {
-    float* mb = s.mask;
-    std::fill(mb, mb + m.floats() * d.Sp, 0.0f);
-    const int64_t row_stride = d.Sp, head_stride = m.Lb * d.Sp, batch_stride = m.Hb * head_stride;
-    if (attn_mask) {
-      const MaskReader mr(*attn_mask);
-      const int64_t cols = attn_mask->size(-1);
-      const int64_t sr = mr.stride(-2), sc = mr.stride(-1);
-      for (int64_t n = 0; n < m.Nb; ++n)
-        for (int64_t h = 0; h < m.Hb; ++h) {
-          const int64_t base = attn_mask->dim() == 3 ? (n * H + h) * mr.stride(0) : 0;
-          for (int64_t l = 0; l < L; ++l) {
-            float* dst = mb + n * batch_stride + h * head_stride + l * row_stride;
-            for (int64_t c = 0; c < cols; ++c) dst[c] += mr.at(base + l * sr + c * sc);
-          }
-        }
-    }
-    if (key_padding_mask) {
-      const MaskReader mr(*key_padding_mask);
-      const int64_t sn = d.batched ? mr.stride(0) : 0, ss = mr.stride(-1);
-      for (int64_t n = 0; n < m.Nb; ++n)
-        for (int64_t hl = 0; hl < m.Hb * m.Lb; ++hl) {
-          float* dst = mb + n * batch_stride + hl * row_stride;
-          for (int64_t c = 0; c < S; ++c) dst[c] += mr.at(n * sn + c * ss);
-        }
-    }
-    if (m.per_row && !attn_mask)  // the causal part, materialised (appended positions)
-      for (int64_t nh = 0; nh < m.Nb * m.Hb; ++nh)
+// Step 4: the one additive float mask [Nb, Hb, Lb, S'] (MaskPlan) in `mb`.
+void fill_mask(const MhaDims& d, const MaskPlan& m, const Tensor* key_padding_mask,
+               const Tensor* attn_mask, float* mb) {
+  const int64_t L = d.L, S = d.S, H = d.H;
+  std::fill(mb, mb + m.floats() * d.Sp, 0.0f);
+  const int64_t row_stride = d.Sp, head_stride = m.Lb * d.Sp, batch_stride = m.Hb * head_stride;
+  if (attn_mask) {
+    const MaskReader mr(*attn_mask);
+    const int64_t cols = attn_mask->size(-1);
+    const int64_t sr = mr.stride(-2), sc = mr.stride(-1);
+    for (int64_t n = 0; n < m.Nb; ++n)
+      for (int64_t h = 0; h < m.Hb; ++h) {
+        const int64_t base = attn_mask->dim() == 3 ? (n * H + h) * mr.stride(0) : 0;
         for (int64_t l = 0; l < L; ++l) {
-          float* dst = mb + nh * head_stride + l * row_stride;
-          for (int64_t c = l + 1; c < S; ++c) dst[c] = kNegInf;
+          float* dst = mb + n * batch_stride + h * head_stride + l * row_stride;
+          for (int64_t c = 0; c < cols; ++c) dst[c] += mr.at(base + l * sr + c * sc);
         }
-    args.mask = mb;
+      }
+  }
+  if (key_padding_mask) {
+    const MaskReader mr(*key_padding_mask);
+    const int64_t sn = d.batched ? mr.stride(0) : 0, ss = mr.stride(-1);
+    for (int64_t n = 0; n < m.Nb; ++n)
+      for (int64_t hl = 0; hl < m.Hb * m.Lb; ++hl) {
+        float* dst = mb + n * batch_stride + hl * row_stride;
+        for (int64_t c = 0; c < S; ++c) dst[c] += mr.at(n * sn + c * ss);
+      }
+  }
+  if (m.per_row && !attn_mask)  // the causal part, materialised (appended positions)
+    for (int64_t nh = 0; nh < m.Nb * m.Hb; ++nh)
+      for (int64_t l = 0; l < L; ++l) {
+        float* dst = mb + nh * head_stride + l * row_stride;
+        for (int64_t c = l + 1; c < S; ++c) dst[c] = kNegInf;
+      }
+}
+
+}  // namespace
+
+void mha_forward_f32(const MultiheadAttentionOptions& opt, const MhaWeights& w,
+                     const MhaCall& call, const Tensor& query, const Tensor& key,
+                     const Tensor& value, const Tensor* key_padding_mask,
+                     const Tensor* attn_mask, Tensor& output, Tensor* weights, Workspace& ws) {
+  const MhaDims d = mha_dims(opt, query.shape(), key.shape());
+  if (d.N == 0 || d.L == 0) return;
+  const Device& device = cpu_device();
+  const bool packed = d.kdim == d.E && d.vdim == d.E;
+  const bool self = packed && same_tensor(query, key) && same_tensor(key, value);
+  const MaskPlan m = mask_plan(d, call, key_padding_mask != nullptr, attn_mask != nullptr,
+                               attn_mask ? attn_mask->dim() : 0);
+  AttentionArgs args = core_args(d, call, m, self);
+  const MhaScratch s = layout_scratch(device, d, m, args, self, ws);
+
+  const ProjectedQkv qkv = project_qkv(opt, w, d, self, query, key, value, s);
+  if (m.any) {
+    fill_mask(d, m, key_padding_mask, attn_mask, s.mask);
+    args.mask = s.mask;
   }
 
-  // ---- attention (step 5) and out-projection (step 6)
-  args.q = q;
-  args.k = k;
-  args.v = v;
+  // Step 5: attention, straight into the out-projection's input rows (in the output's own row
+  // order, l*N + n or n*L + l); step 6: the out-projection.
+  args.q = qkv.q;
+  args.k = qkv.k;
+  args.v = qkv.v;
   args.out = s.attn_out;
   args.weights = call.need_weights ? weights->data<float>() : nullptr;
   attention_forward_f32(device, args, s.core);
-
-  // The attention output rows are in the output's own row order (l*N + n or n*L + l).
-  linear_forward_f32(device, N * L, E, E, s.attn_out, E, w.out_proj_weight, w.out_proj_bias,
-                     output.data<float>(), E, s.linear);
+  linear_forward_f32(device, d.N * d.L, d.E, d.E, s.attn_out, d.E, w.out_proj_weight,
+                     w.out_proj_bias, output.data<float>(), d.E, s.linear);
 }
 
 // ------------------------------------------------------------------------------- the layer

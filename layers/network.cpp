@@ -396,10 +396,10 @@ std::map<std::string, Tensor> Model::state_dict() const {
 
 // ---------------------------------------------------------------- Plan
 
-Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs) : model_(&model) {
-  const Network& net = model.network();
-  const NetworkSpec& spec = net.spec();
+namespace {
 
+// E_ARG naming every missing and every unknown input.
+void check_input_names(const NetworkSpec& spec, const std::map<std::string, TensorDesc>& inputs) {
   std::vector<std::string> missing, unknown, names;
   for (const NetworkInput& in : spec.inputs) {
     names.push_back(in.name);
@@ -414,9 +414,13 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs) 
              (missing.empty() || unknown.empty() ? "" : "; ") +
              (unknown.empty() ? "" : join(unknown) + " is not a network input") +
              " (inputs: " + join(names) + ")");
+}
 
+// The graph types of the inputs as given: a float input is the plan dtype, a mask bool.
+std::vector<ValueType> graph_input_types(const Network& net,
+                                         const std::map<std::string, TensorDesc>& inputs) {
   std::vector<ValueType> in_types;
-  for (const NetworkInput& in : spec.inputs) {
+  for (const NetworkInput& in : net.spec().inputs) {
     const TensorDesc& d = inputs.at(in.name);
     const bool mask = in.dtype == DType::Bool;
     DType t;
@@ -432,7 +436,94 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs) 
               ")");
     in_types.push_back({fixed_shape(d.shape), t});
   }
-  types_ = net.bind(in_types);
+  return in_types;
+}
+
+// Which buffer holds each value (-1: none) and each buffer's size in floats.
+struct BufferAssignment {
+  std::vector<int> value_buffer;
+  std::vector<int64_t> capacity;
+};
+
+// Lifetimes: a value lives from its producer to its last consumer; network outputs to the end.
+// Greedy assignment in execution order: each output takes the smallest free buffer that holds
+// it, else the largest free one (grown), else a new one; buffers return to the free list after
+// the last consumer runs. A node's outputs never share with its inputs (those are freed after).
+BufferAssignment assign_buffers(const Network& net, const std::vector<ValueType>& types) {
+  const auto& nodes = net.nodes();
+  const size_t n_values = types.size();
+  constexpr int kForever = std::numeric_limits<int>::max();
+  std::vector<int> last_use(n_values, -1);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    for (int id : nodes[i].outputs) last_use[static_cast<size_t>(id)] = static_cast<int>(i);
+    for (int id : nodes[i].inputs)
+      if (id >= 0) last_use[static_cast<size_t>(id)] = static_cast<int>(i);
+  }
+  for (const auto& out : net.outputs()) last_use[static_cast<size_t>(out.second)] = kForever;
+
+  BufferAssignment a;
+  a.value_buffer.assign(n_values, -1);
+  std::vector<int64_t>& capacity = a.capacity;
+  std::vector<int> free_list;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    for (int id : nodes[i].outputs) {
+      const int64_t need = shape_numel(concrete_shape(types[static_cast<size_t>(id)].shape));
+      int best = -1;
+      for (int b : free_list)
+        if (capacity[static_cast<size_t>(b)] >= need &&
+            (best < 0 || capacity[static_cast<size_t>(b)] < capacity[static_cast<size_t>(best)]))
+          best = b;
+      if (best < 0)
+        for (int b : free_list)
+          if (best < 0 || capacity[static_cast<size_t>(b)] > capacity[static_cast<size_t>(best)])
+            best = b;
+      if (best < 0) {
+        best = static_cast<int>(capacity.size());
+        capacity.push_back(0);
+      } else {
+        free_list.erase(std::find(free_list.begin(), free_list.end(), best));
+      }
+      capacity[static_cast<size_t>(best)] = std::max(capacity[static_cast<size_t>(best)], need);
+      a.value_buffer[static_cast<size_t>(id)] = best;
+    }
+    std::set<int> done;
+    auto release = [&](int id) {
+      if (id < 0 || !done.insert(id).second) return;
+      const int b = a.value_buffer[static_cast<size_t>(id)];
+      if (b >= 0 && last_use[static_cast<size_t>(id)] == static_cast<int>(i))
+        free_list.push_back(b);
+    };
+    for (int id : nodes[i].inputs) release(id);
+    for (int id : nodes[i].outputs) release(id);
+  }
+  return a;
+}
+
+// What a run holds at its peak, checked before the first buffer exists: the model, the inputs
+// as given and float32 copies of those stored in another float dtype, the shared buffers and
+// the workspace.
+void check_run_memory(const Model& model, const std::map<std::string, TensorDesc>& inputs,
+                      const std::vector<int64_t>& capacity, double workspace) {
+  double bytes = model.memory_bytes();
+  std::string shapes;
+  for (const NetworkInput& in : model.network().spec().inputs) {
+    const TensorDesc& d = inputs.at(in.name);
+    const double n = elements(d.shape);
+    bytes += n * static_cast<double>(dtype_size(d.dtype));
+    if (dtype_is_floating(d.dtype) && d.dtype != DType::F32) bytes += n * sizeof(float);
+    shapes += (shapes.empty() ? "" : ", ") + in.name + "=" + shape_to_string(d.shape);
+  }
+  for (int64_t cap : capacity) bytes += static_cast<double>(cap) * sizeof(float);
+  check_memory_budget(bytes + workspace, "inputs", "running the network on " + shapes);
+}
+
+}  // namespace
+
+Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs) : model_(&model) {
+  const Network& net = model.network();
+  const NetworkSpec& spec = net.spec();
+  check_input_names(spec, inputs);
+  types_ = net.bind(graph_input_types(net, inputs));
 
   const auto& nodes = net.nodes();
   const size_t n_values = types_.size();
@@ -446,71 +537,11 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs) 
     workspace = std::max(workspace, cost.workspace_bytes);
   }
 
-  // Lifetimes: a value lives from its producer to its last consumer; network outputs to the end.
-  constexpr int kForever = std::numeric_limits<int>::max();
-  std::vector<int> last_use(n_values, -1);
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    for (int id : nodes[i].outputs) last_use[static_cast<size_t>(id)] = static_cast<int>(i);
-    for (int id : nodes[i].inputs)
-      if (id >= 0) last_use[static_cast<size_t>(id)] = static_cast<int>(i);
-  }
-  for (const auto& out : net.outputs()) last_use[static_cast<size_t>(out.second)] = kForever;
-
-  // Greedy assignment in execution order: each output takes the smallest free buffer that holds
-  // it, else the largest free one (grown), else a new one; buffers return to the free list after
-  // the last consumer runs. A node's outputs never share with its inputs (those are freed after).
-  value_buffer_.assign(n_values, -1);
-  std::vector<int64_t> capacity;  // floats
-  std::vector<int> free_list;
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    {
-      for (int id : nodes[i].outputs) {
-        const int64_t need = shape_numel(concrete_shape(types_[static_cast<size_t>(id)].shape));
-        int best = -1;
-        for (int b : free_list)
-          if (capacity[static_cast<size_t>(b)] >= need &&
-              (best < 0 || capacity[static_cast<size_t>(b)] < capacity[static_cast<size_t>(best)]))
-            best = b;
-        if (best < 0)
-          for (int b : free_list)
-            if (best < 0 || capacity[static_cast<size_t>(b)] > capacity[static_cast<size_t>(best)])
-              best = b;
-        if (best < 0) {
-          best = static_cast<int>(capacity.size());
-          capacity.push_back(0);
-        } else {
-          free_list.erase(std::find(free_list.begin(), free_list.end(), best));
-        }
-        capacity[static_cast<size_t>(best)] = std::max(capacity[static_cast<size_t>(best)], need);
-        value_buffer_[static_cast<size_t>(id)] = best;
-      }
-    }
-    std::set<int> done;
-    auto release = [&](int id) {
-      if (id < 0 || !done.insert(id).second) return;
-      const int b = value_buffer_[static_cast<size_t>(id)];
-      if (b >= 0 && last_use[static_cast<size_t>(id)] == static_cast<int>(i))
-        free_list.push_back(b);
-    };
-    for (int id : nodes[i].inputs) release(id);
-    for (int id : nodes[i].outputs) release(id);
-  }
-  // What a run holds at its peak, checked before the first buffer exists: the model, the inputs
-  // as given and float32 copies of those stored in another float dtype, the shared buffers and
-  // the workspace.
-  double bytes = model.memory_bytes();
-  std::string shapes;
-  for (const NetworkInput& in : spec.inputs) {
-    const TensorDesc& d = inputs.at(in.name);
-    const double n = elements(d.shape);
-    bytes += n * static_cast<double>(dtype_size(d.dtype));
-    if (dtype_is_floating(d.dtype) && d.dtype != DType::F32) bytes += n * sizeof(float);
-    shapes += (shapes.empty() ? "" : ", ") + in.name + "=" + shape_to_string(d.shape);
-  }
-  for (int64_t cap : capacity) bytes += static_cast<double>(cap) * sizeof(float);
-  check_memory_budget(bytes + workspace, "inputs", "running the network on " + shapes);
-
-  for (int64_t cap : capacity) buffers_.push_back(Tensor::empty({std::max<int64_t>(cap, 1)}));
+  BufferAssignment assignment = assign_buffers(net, types_);
+  check_run_memory(model, inputs, assignment.capacity, workspace);
+  value_buffer_ = std::move(assignment.value_buffer);
+  for (int64_t cap : assignment.capacity)
+    buffers_.push_back(Tensor::empty({std::max<int64_t>(cap, 1)}));
   workspace_ = Tensor::empty({static_cast<int64_t>(workspace / sizeof(float)) + 1});
 
   planned_.resize(n_values);
