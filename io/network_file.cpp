@@ -171,8 +171,8 @@ NetworkSpec parse_network(const ojson& j, const std::string& origin) {
 
 namespace {
 
-NetworkSpec spec_from_json(const ojson& j, const std::string& origin) {
-  const std::string& where = origin;
+// The top level: an object with inputs, nodes and outputs, optionally dtype, and nothing else.
+void check_network_keys(const ojson& j, const std::string& where) {
   if (!j.is_object())
     fail(ErrorCode::Arg, where,
          std::string("the network must be a JSON object, got ") + json_type(j));
@@ -184,108 +184,147 @@ NetworkSpec spec_from_json(const ojson& j, const std::string& origin) {
   }
   for (const char* key : {"inputs", "nodes", "outputs"})
     if (!j.contains(key)) fail(ErrorCode::Arg, where, std::string("missing '") + key + "'");
+}
+
+// One input: a shape, or an object {shape, dtype}; of `dtype` (the network's) unless it names one.
+NetworkInput parse_input(const std::string& name, const ojson& value, DType dtype,
+                         const std::string& where) {
+  check_name(name, "input", where);
+  NetworkInput in;
+  in.name = name;
+  in.dtype = dtype;
+  if (value.is_object()) {
+    for (const auto& [key, v] : value.items()) {
+      (void)v;
+      if (key != "shape" && key != "dtype")
+        fail(ErrorCode::Arg, where,
+             "input " + name + ": unknown key '" + key + "' (an input has shape, dtype)");
+    }
+    if (!value.contains("shape")) fail(ErrorCode::Arg, where, "input " + name + ": no shape");
+    in.shape = parse_shape(value["shape"], name, where);
+    if (value.contains("dtype"))
+      in.dtype = parse_dtype_value(value["dtype"], "input " + name + ": dtype", where);
+  } else {
+    in.shape = parse_shape(value, name, where);
+  }
+  return in;
+}
+
+// The inputs, whose names are added to `names`.
+std::vector<NetworkInput> parse_inputs(const ojson& inputs, DType dtype,
+                                       std::set<std::string>& names, const std::string& where) {
+  if (!inputs.is_object())
+    fail(ErrorCode::Arg, where, std::string("inputs must be an object, got ") + json_type(inputs));
+  std::vector<NetworkInput> out;
+  for (const auto& [name, value] : inputs.items()) {
+    out.push_back(parse_input(name, value, dtype, where));
+    names.insert(name);
+  }
+  return out;
+}
+
+// "attention@1" is identity attention, version 1: the only version of every op today.
+void strip_op_version(NetworkNode& node) {
+  const size_t at = node.op.find('@');
+  if (at == std::string::npos) return;
+  const std::string version = node.op.substr(at + 1);
+  node.op.resize(at);
+  if (version != "1")
+    fail(ErrorCode::Arg, node.name + " (" + node.op + ")",
+         "unknown version @" + version + " of op " + node.op + " (tessera has @1)");
+}
+
+// A node's "inputs": port -> source, in file order.
+std::vector<std::pair<std::string, std::string>> parse_node_inputs(const ojson& ports,
+                                                                   const std::string& node_where) {
+  if (!ports.is_object())
+    fail(ErrorCode::Arg, node_where,
+         std::string("inputs must be an object (port -> source), got ") + json_type(ports));
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [port, src] : ports.items()) {
+    if (!src.is_string())
+      fail(ErrorCode::Arg, node_where,
+           "input port " + port + ": a source must be a string, got " + json_type(src));
+    out.emplace_back(port, src.get<std::string>());
+  }
+  return out;
+}
+
+// nodes[i]. Its name must not be in `names` (the inputs and earlier nodes) and is added to it.
+NetworkNode parse_node(const ojson& n, size_t i, std::set<std::string>& names) {
+  std::string node_where = "nodes[" + std::to_string(i) + "]";
+  if (!n.is_object())
+    fail(ErrorCode::Arg, node_where, std::string("a node must be an object, got ") + json_type(n));
+  if (!n.contains("name") || !n["name"].is_string())
+    fail(ErrorCode::Arg, node_where, "a node needs a string 'name'");
+  if (!n.contains("op") || !n["op"].is_string())
+    fail(ErrorCode::Arg, node_where, "a node needs a string 'op'");
+  NetworkNode node;
+  node.name = n["name"].get<std::string>();
+  node.op = n["op"].get<std::string>();
+  strip_op_version(node);
+  node_where = node.name + " (" + node.op + ")";
+  check_name(node.name, "node", node_where);
+  if (!names.insert(node.name).second)
+    fail(ErrorCode::Arg, node_where,
+         "the name " + node.name + " is already taken by an earlier input or node");
+  for (const auto& [key, v] : n.items()) {
+    (void)v;
+    if (key != "name" && key != "op" && key != "args" && key != "inputs")
+      fail(ErrorCode::Arg, node_where,
+           "unknown key '" + key + "' (a node has name, op, args, inputs)");
+  }
+  node.args = ojson::object();
+  if (n.contains("args")) {
+    if (!n["args"].is_object())
+      fail(ErrorCode::Arg, node_where,
+           std::string("args must be an object, got ") + json_type(n["args"]));
+    node.args = n["args"];
+  }
+  if (n.contains("inputs")) node.inputs = parse_node_inputs(n["inputs"], node_where);
+  return node;
+}
+
+// The nodes, whose names are added to `names`.
+std::vector<NetworkNode> parse_nodes(const ojson& nodes, std::set<std::string>& names,
+                                     const std::string& where) {
+  if (!nodes.is_array())
+    fail(ErrorCode::Arg, where, std::string("nodes must be an array, got ") + json_type(nodes));
+  std::vector<NetworkNode> out;
+  for (size_t i = 0; i < nodes.size(); ++i) out.push_back(parse_node(nodes[i], i, names));
+  return out;
+}
+
+// The outputs: name -> source, at least one.
+std::vector<std::pair<std::string, std::string>> parse_outputs(const ojson& outputs,
+                                                               const std::string& where) {
+  if (!outputs.is_object())
+    fail(ErrorCode::Arg, where,
+         std::string("outputs must be an object (name -> source), got ") + json_type(outputs));
+  if (outputs.empty()) fail(ErrorCode::Arg, where, "the network has no outputs");
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [name, src] : outputs.items()) {
+    if (name.empty()) fail(ErrorCode::Arg, where, "an output name is empty");
+    if (!src.is_string())
+      fail(ErrorCode::Arg, where,
+           "output " + name + ": a source must be a string, got " + json_type(src));
+    out.emplace_back(name, src.get<std::string>());
+  }
+  return out;
+}
+
+NetworkSpec spec_from_json(const ojson& j, const std::string& origin) {
+  const std::string& where = origin;
+  check_network_keys(j, where);
 
   NetworkSpec spec;
   spec.origin = origin;
   if (j.contains("dtype")) spec.dtype = parse_dtype_value(j["dtype"], "dtype", where);
 
   std::set<std::string> names;  // inputs and nodes share one namespace: sources name either
-  const ojson& inputs = j["inputs"];
-  if (!inputs.is_object())
-    fail(ErrorCode::Arg, where, std::string("inputs must be an object, got ") + json_type(inputs));
-  for (const auto& [name, value] : inputs.items()) {
-    check_name(name, "input", where);
-    NetworkInput in;
-    in.name = name;
-    in.dtype = spec.dtype;
-    if (value.is_object()) {
-      for (const auto& [key, v] : value.items()) {
-        (void)v;
-        if (key != "shape" && key != "dtype")
-          fail(ErrorCode::Arg, where,
-               "input " + name + ": unknown key '" + key + "' (an input has shape, dtype)");
-      }
-      if (!value.contains("shape")) fail(ErrorCode::Arg, where, "input " + name + ": no shape");
-      in.shape = parse_shape(value["shape"], name, where);
-      if (value.contains("dtype"))
-        in.dtype = parse_dtype_value(value["dtype"], "input " + name + ": dtype", where);
-    } else {
-      in.shape = parse_shape(value, name, where);
-    }
-    names.insert(name);
-    spec.inputs.push_back(std::move(in));
-  }
-
-  const ojson& nodes = j["nodes"];
-  if (!nodes.is_array())
-    fail(ErrorCode::Arg, where, std::string("nodes must be an array, got ") + json_type(nodes));
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    const ojson& n = nodes[i];
-    std::string node_where = "nodes[" + std::to_string(i) + "]";
-    if (!n.is_object())
-      fail(ErrorCode::Arg, node_where,
-           std::string("a node must be an object, got ") + json_type(n));
-    if (!n.contains("name") || !n["name"].is_string())
-      fail(ErrorCode::Arg, node_where, "a node needs a string 'name'");
-    if (!n.contains("op") || !n["op"].is_string())
-      fail(ErrorCode::Arg, node_where, "a node needs a string 'op'");
-    NetworkNode node;
-    node.name = n["name"].get<std::string>();
-    node.op = n["op"].get<std::string>();
-    // "attention@1" is identity attention, version 1: the only version of every op today.
-    const size_t at = node.op.find('@');
-    if (at != std::string::npos) {
-      const std::string version = node.op.substr(at + 1);
-      node.op.resize(at);
-      if (version != "1")
-        fail(ErrorCode::Arg, node.name + " (" + node.op + ")",
-             "unknown version @" + version + " of op " + node.op + " (tessera has @1)");
-    }
-    node_where = node.name + " (" + node.op + ")";
-    check_name(node.name, "node", node_where);
-    if (!names.insert(node.name).second)
-      fail(ErrorCode::Arg, node_where,
-           "the name " + node.name + " is already taken by an earlier input or node");
-    for (const auto& [key, v] : n.items()) {
-      (void)v;
-      if (key != "name" && key != "op" && key != "args" && key != "inputs")
-        fail(ErrorCode::Arg, node_where,
-             "unknown key '" + key + "' (a node has name, op, args, inputs)");
-    }
-    node.args = ojson::object();
-    if (n.contains("args")) {
-      if (!n["args"].is_object())
-        fail(ErrorCode::Arg, node_where,
-             std::string("args must be an object, got ") + json_type(n["args"]));
-      node.args = n["args"];
-    }
-    if (n.contains("inputs")) {
-      if (!n["inputs"].is_object())
-        fail(ErrorCode::Arg, node_where,
-             std::string("inputs must be an object (port -> source), got ") +
-                 json_type(n["inputs"]));
-      for (const auto& [port, src] : n["inputs"].items()) {
-        if (!src.is_string())
-          fail(ErrorCode::Arg, node_where,
-               "input port " + port + ": a source must be a string, got " + json_type(src));
-        node.inputs.emplace_back(port, src.get<std::string>());
-      }
-    }
-    spec.nodes.push_back(std::move(node));
-  }
-
-  const ojson& outputs = j["outputs"];
-  if (!outputs.is_object())
-    fail(ErrorCode::Arg, where,
-         std::string("outputs must be an object (name -> source), got ") + json_type(outputs));
-  if (outputs.empty()) fail(ErrorCode::Arg, where, "the network has no outputs");
-  for (const auto& [name, src] : outputs.items()) {
-    if (name.empty()) fail(ErrorCode::Arg, where, "an output name is empty");
-    if (!src.is_string())
-      fail(ErrorCode::Arg, where,
-           "output " + name + ": a source must be a string, got " + json_type(src));
-    spec.outputs.emplace_back(name, src.get<std::string>());
-  }
+  spec.inputs = parse_inputs(j["inputs"], spec.dtype, names, where);
+  spec.nodes = parse_nodes(j["nodes"], names, where);
+  spec.outputs = parse_outputs(j["outputs"], where);
   return spec;
 }
 

@@ -625,120 +625,165 @@ SafetensorsFile SafetensorsFile::from_bytes(std::vector<uint8_t> data, std::stri
   return f;
 }
 
-// Reads only bytes [0, size): the length prefix after checking size >= 8, the header after
-// checking 8 + N <= size, and no tensor data at all (tensor() reads it, within the validated
-// ranges).
-void SafetensorsFile::parse() {
-  const uint8_t* p = bytes_->data;
-  const uint64_t size = bytes_->size;
-  file_size_ = size;
-  auto format_error = [&](const std::string& what) { fail(ErrorCode::Format, path_, what); };
+namespace {
 
+[[noreturn]] void format_error(const std::string& where, const std::string& what) {
+  fail(ErrorCode::Format, where, what);
+}
+
+// N from the 8-byte length prefix (read only once size >= 8), bounded by the limit and by the
+// file's size.
+uint64_t read_header_length(const uint8_t* p, uint64_t size, const std::string& where) {
   if (size < 8)
-    format_error("file is " + std::to_string(size) +
-                 " bytes, shorter than the 8-byte header length");
+    format_error(
+        where, "file is " + std::to_string(size) + " bytes, shorter than the 8-byte header length");
   uint64_t n;
   std::memcpy(&n, p, 8);  // little-endian (static_assert above)
   if (n > kSafetensorsMaxHeaderBytes)
-    format_error("header length " + std::to_string(n) + " exceeds the limit of " +
-                 std::to_string(kSafetensorsMaxHeaderBytes) + " bytes");
+    format_error(where, "header length " + std::to_string(n) + " exceeds the limit of " +
+                            std::to_string(kSafetensorsMaxHeaderBytes) + " bytes");
   if (8 + n > size)
-    format_error("header length " + std::to_string(n) + " runs past the end of the file (" +
-                 std::to_string(size) + " bytes, header needs " + std::to_string(8 + n) + ")");
-  header_size_ = n;
-  const uint8_t* h = p + 8;
+    format_error(where, "header length " + std::to_string(n) + " runs past the end of the file (" +
+                            std::to_string(size) + " bytes, header needs " + std::to_string(8 + n) +
+                            ")");
+  return n;
+}
 
+// Refuses header bytes [h, h + n) that are not UTF-8, or that nlohmann would read more laxly
+// than the reference.
+void check_header_bytes(const uint8_t* h, uint64_t n, const std::string& where) {
   if (const size_t bad = invalid_utf8_at(h, n); bad != std::string::npos) {
     char buf[8];
     std::snprintf(buf, sizeof buf, "0x%02x", h[bad]);
-    format_error("header is not valid UTF-8 (byte " + std::string(buf) + " at header offset " +
-                 std::to_string(bad) + ")");
+    format_error(where, "header is not valid UTF-8 (byte " + std::string(buf) +
+                            " at header offset " + std::to_string(bad) + ")");
   }
   // Two places where nlohmann is laxer than serde_json (the reference's parser): it reads a NUL
   // byte as the end of input, so "{}" padded with NULs would pass, and it skips a leading byte
   // order mark. A raw NUL is never valid JSON (inside strings it must be escaped).
   if (const void* nul = std::memchr(h, 0, n))
-    format_error("header is not valid JSON: NUL byte at header offset " +
-                 std::to_string(static_cast<const uint8_t*>(nul) - h));
+    format_error(where, "header is not valid JSON: NUL byte at header offset " +
+                            std::to_string(static_cast<const uint8_t*>(nul) - h));
   if (n >= 3 && h[0] == 0xEF && h[1] == 0xBB && h[2] == 0xBF)
-    format_error("header is not valid JSON: it starts with a UTF-8 byte order mark");
+    format_error(where, "header is not valid JSON: it starts with a UTF-8 byte order mark");
+}
 
+// What HeaderParser read.
+struct Header {
+  std::vector<RawEntry> entries;  // in header order
+  std::map<std::string, std::string> metadata;
+};
+
+Header parse_header_json(const uint8_t* h, uint64_t n, const std::string& where) {
   HeaderParser parser;
   const bool ok = nlohmann::json::sax_parse(h, h + n, &parser);
   if (!ok || !parser.finished())
-    format_error(parser.error.empty() ? "header is not valid JSON" : parser.error);
+    format_error(where, parser.error.empty() ? "header is not valid JSON" : parser.error);
+  return {std::move(parser.entries), std::move(parser.metadata)};
+}
 
-  metadata_ = std::move(parser.metadata);
-  std::vector<RawEntry>& raw = parser.entries;
-
-  // Data order: by (begin, end) as the reference sorts; stable, so empty tensors sharing an
-  // offset keep their header order.
+// Data order: by (begin, end) as the reference sorts; stable, so empty tensors sharing an
+// offset keep their header order.
+std::vector<size_t> data_order(const std::vector<RawEntry>& raw) {
   std::vector<size_t> order(raw.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return raw[a].offsets < raw[b].offsets; });
+  return order;
+}
 
-  const uint64_t data_size = size - 8 - n;
+// One entry of a header of `n` bytes. It must begin at `expected`, where the tensor before it in
+// data order (`prev`; null for the first) ends, and span exactly the bytes its dtype and shape
+// need.
+SafetensorsTensorInfo read_entry(RawEntry& e, uint64_t expected, const std::string* prev,
+                                 uint64_t n, const std::string& where) {
+  const uint64_t begin = e.offsets[0], end = e.offsets[1];
+  // Messages are built only on failure: a checkpoint may hold 10^5 tensors.
+  auto t = [&] { return "tensor " + quote_name(e.name) + ": "; };
+  auto offs = [&] {
+    return "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "]";
+  };
+  auto what = [&] { return std::string(e.dtype->name) + " " + dims_str(e.shape); };
+  if (end < begin) format_error(where, t() + offs() + " end before they begin");
+  if (begin != expected) {
+    if (!prev) format_error(where, t() + offs() + " but the first tensor must begin at 0");
+    if (begin > expected)
+      format_error(where, t() + offs() + " leave a gap of " + std::to_string(begin - expected) +
+                              " bytes after tensor " + quote_name(*prev) + ", which ends at " +
+                              std::to_string(expected));
+    format_error(where, t() + offs() + " overlap tensor " + quote_name(*prev) + ", which ends at " +
+                            std::to_string(expected));
+  }
+  // Same arithmetic as the reference: element count folded left to right, then times the
+  // element width in bits, each step overflow-checked.
+  uint64_t numel = 1;
+  for (uint64_t d : e.shape)
+    if (mul_overflows_u64(numel, d, &numel))
+      format_error(where,
+                   t() + "the element count of shape " + dims_str(e.shape) + " overflows 64 bits");
+  uint64_t bits;
+  if (mul_overflows_u64(numel, e.dtype->bits, &bits))
+    format_error(where, t() + "the size of " + what() + " overflows 64 bits");
+  if (bits % 8 != 0)
+    format_error(
+        where, t() + what() + " is " + std::to_string(bits) + " bits, not a whole number of bytes");
+  if (end - begin != bits / 8)
+    format_error(where, t() + offs() + " span " + std::to_string(end - begin) + " bytes but " +
+                            what() + " needs " + std::to_string(bits / 8));
+
+  SafetensorsTensorInfo info;
+  info.name = std::move(e.name);
+  info.dtype_name = e.dtype->name;
+  info.dtype = e.dtype->dtype;
+  info.dtype_bits = e.dtype->bits;
+  info.shape = std::move(e.shape);
+  info.data_begin = begin;
+  info.data_end = end;
+  info.file_offset = 8 + n + begin;
+  return info;
+}
+
+// The entries of a header of `n` bytes in data order, checked to tile the `data_size` bytes
+// after the header: from 0, without gaps or overlaps, to the last byte.
+std::vector<SafetensorsTensorInfo> tile_data_section(std::vector<RawEntry>& raw, uint64_t n,
+                                                     uint64_t data_size, const std::string& where) {
   uint64_t expected = 0;
   const std::string* prev = nullptr;
-  infos_.reserve(raw.size());
-  for (size_t idx : order) {
-    RawEntry& e = raw[idx];
-    const uint64_t begin = e.offsets[0], end = e.offsets[1];
-    // Messages are built only on failure: a checkpoint may hold 10^5 tensors.
-    auto t = [&] { return "tensor " + quote_name(e.name) + ": "; };
-    auto offs = [&] {
-      return "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "]";
-    };
-    auto what = [&] { return std::string(e.dtype->name) + " " + dims_str(e.shape); };
-    if (end < begin) format_error(t() + offs() + " end before they begin");
-    if (begin != expected) {
-      if (!prev) format_error(t() + offs() + " but the first tensor must begin at 0");
-      if (begin > expected)
-        format_error(t() + offs() + " leave a gap of " + std::to_string(begin - expected) +
-                     " bytes after tensor " + quote_name(*prev) + ", which ends at " +
-                     std::to_string(expected));
-      format_error(t() + offs() + " overlap tensor " + quote_name(*prev) + ", which ends at " +
-                   std::to_string(expected));
-    }
-    // Same arithmetic as the reference: element count folded left to right, then times the
-    // element width in bits, each step overflow-checked.
-    uint64_t numel = 1;
-    for (uint64_t d : e.shape)
-      if (mul_overflows_u64(numel, d, &numel))
-        format_error(t() + "the element count of shape " + dims_str(e.shape) +
-                     " overflows 64 bits");
-    uint64_t bits;
-    if (mul_overflows_u64(numel, e.dtype->bits, &bits))
-      format_error(t() + "the size of " + what() + " overflows 64 bits");
-    if (bits % 8 != 0)
-      format_error(t() + what() + " is " + std::to_string(bits) +
-                   " bits, not a whole number of bytes");
-    if (end - begin != bits / 8)
-      format_error(t() + offs() + " span " + std::to_string(end - begin) + " bytes but " + what() +
-                   " needs " + std::to_string(bits / 8));
-    expected = end;
-
-    SafetensorsTensorInfo info;
-    info.name = std::move(e.name);
-    info.dtype_name = e.dtype->name;
-    info.dtype = e.dtype->dtype;
-    info.dtype_bits = e.dtype->bits;
-    info.shape = std::move(e.shape);
-    info.data_begin = begin;
-    info.data_end = end;
-    info.file_offset = 8 + n + begin;
-    infos_.push_back(std::move(info));
-    prev = &infos_.back().name;
+  std::vector<SafetensorsTensorInfo> infos;
+  infos.reserve(raw.size());  // keeps `prev` valid
+  for (size_t idx : data_order(raw)) {
+    infos.push_back(read_entry(raw[idx], expected, prev, n, where));
+    expected = infos.back().data_end;
+    prev = &infos.back().name;
   }
   if (expected != data_size) {
     if (expected < data_size)
-      format_error("tensors cover " + std::to_string(expected) + " data bytes but the file has " +
-                   std::to_string(data_size) + " after the header (" +
-                   std::to_string(data_size - expected) + " trailing bytes)");
-    format_error("tensors need " + std::to_string(expected) + " data bytes but the file has only " +
-                 std::to_string(data_size) + " after the header (truncated)");
+      format_error(where, "tensors cover " + std::to_string(expected) +
+                              " data bytes but the file has " + std::to_string(data_size) +
+                              " after the header (" + std::to_string(data_size - expected) +
+                              " trailing bytes)");
+    format_error(where, "tensors need " + std::to_string(expected) +
+                            " data bytes but the file has only " + std::to_string(data_size) +
+                            " after the header (truncated)");
   }
+  return infos;
+}
+
+}  // namespace
+
+// Reads only bytes [0, size): the length prefix after checking size >= 8, the header after
+// checking 8 + N <= size, and no tensor data at all (tensor() reads it, within the validated
+// ranges).
+void SafetensorsFile::parse() {
+  const uint64_t size = bytes_->size;
+  file_size_ = size;
+  const uint64_t n = read_header_length(bytes_->data, size, path_);
+  header_size_ = n;
+  const uint8_t* h = bytes_->data + 8;
+  check_header_bytes(h, n, path_);
+  Header header = parse_header_json(h, n, path_);
+  metadata_ = std::move(header.metadata);
+  infos_ = tile_data_section(header.entries, n, size - 8 - n, path_);
 
   names_.reserve(infos_.size());
   index_.reserve(infos_.size());
