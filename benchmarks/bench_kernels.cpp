@@ -17,7 +17,8 @@
 #include <ctime>
 #include <vector>
 
-#include "core/device.h"
+#include "backends/cpu/cpu_device.h"
+#include "core/dtype.h"
 #include "core/kernels.h"
 #include "core/random.h"
 
@@ -143,13 +144,13 @@ int main() {
   {
     std::vector<uint16_t> h(n);
     report_gbs("convert_f32_to_f16 4M", 6.0 * n,
-               median_time(9, [&] { k.convert_f32_to_f16(n, x.data(), h.data()); }));
+               median_time(9, [&] { tessera::convert_f32_to_f16(n, x.data(), h.data()); }));
     report_gbs("convert_f16_to_f32 4M", 6.0 * n,
-               median_time(9, [&] { k.convert_f16_to_f32(n, h.data(), y.data()); }));
+               median_time(9, [&] { tessera::convert_f16_to_f32(n, h.data(), y.data()); }));
     report_gbs("convert_f32_to_bf16 4M", 6.0 * n,
-               median_time(9, [&] { k.convert_f32_to_bf16(n, x.data(), h.data()); }));
+               median_time(9, [&] { tessera::convert_f32_to_bf16(n, x.data(), h.data()); }));
     report_gbs("convert_bf16_to_f32 4M", 6.0 * n,
-               median_time(9, [&] { k.convert_bf16_to_f32(n, h.data(), y.data()); }));
+               median_time(9, [&] { tessera::convert_bf16_to_f32(n, h.data(), y.data()); }));
   }
 
   // GEMM m x n x k, row-major, no transposes, one thread.

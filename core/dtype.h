@@ -20,7 +20,8 @@ const char* dtype_safetensors_name(DType t);
 std::optional<DType> parse_dtype(std::string_view name);
 bool dtype_is_floating(DType t);
 
-// Scalar conversions (the vectorised ones are backend kernels). Round to nearest even, NaN kept.
+// Scalar conversions, the reference for the vectorised ones below. Round to nearest even, NaN
+// kept.
 float half_to_float(uint16_t h);
 uint16_t float_to_half(float f);
 inline float bfloat16_to_float(uint16_t b) {
@@ -30,5 +31,12 @@ inline float bfloat16_to_float(uint16_t b) {
   return f;
 }
 uint16_t float_to_bfloat16(float f);
+
+// The same conversions over n contiguous values, bit-exact with the scalar ones on every SIMD
+// target (core/convert.cc, dispatched at run time).
+void convert_f16_to_f32(int64_t n, const uint16_t* in, float* out);
+void convert_f32_to_f16(int64_t n, const float* in, uint16_t* out);
+void convert_bf16_to_f32(int64_t n, const uint16_t* in, float* out);
+void convert_f32_to_bf16(int64_t n, const float* in, uint16_t* out);
 
 }  // namespace tessera

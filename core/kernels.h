@@ -89,12 +89,6 @@ struct KernelTable {
   void (*rope_rotate_half_f32)(int64_t positions, int64_t heads, int64_t head_dim, float* x,
                                int64_t row_stride, const float* cos, const float* sin);
 
-  // Contiguous conversions of n elements (round to nearest even; NaN stays NaN).
-  void (*convert_f16_to_f32)(int64_t n, const uint16_t* in, float* out);
-  void (*convert_f32_to_f16)(int64_t n, const float* in, uint16_t* out);
-  void (*convert_bf16_to_f32)(int64_t n, const uint16_t* in, float* out);
-  void (*convert_f32_to_bf16)(int64_t n, const float* in, uint16_t* out);
-
   // x[r, j] += bias[j] for r < rows, j < cols (in place).
   void (*add_bias_rows_f32)(int64_t rows, int64_t cols, float* x, int64_t x_stride,
                             const float* bias);

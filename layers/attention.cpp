@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "backends/cpu/cpu_device.h"
 #include "core/parallel.h"
 #include "core/random.h"
 #include "layers/attention_core.h"
@@ -270,7 +271,7 @@ Tensor Attention::forward(const Tensor& x, uint64_t dropout_seed) const {
   if (B == 0 || T == 0) return out;
 
   const Tensor xf = x.to(DType::F32).contiguous();
-  const Device& device = xf.device();
+  const Device& device = cpu_device();
   const KernelTable& kern = device.kernels();
   const int64_t heads = opt_.heads, hd = D / heads, rows = B * T, D3 = 3 * D;
 

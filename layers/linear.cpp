@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "backends/cpu/cpu_device.h"
 #include "core/parallel.h"
 #include "core/random.h"
 
@@ -145,7 +146,7 @@ Tensor Linear::forward(const Tensor& x) const {
   Tensor y = Tensor::empty(out_shape, DType::F32);
   const int64_t rows = in_ > 0 ? xc.numel() / in_ : 0;
   linear_forward_f32(
-      x.device(), rows, in_, out_, xc.data<float>(), in_, params_.tensor("weight").data<float>(),
+      cpu_device(), rows, in_, out_, xc.data<float>(), in_, params_.tensor("weight").data<float>(),
       has_bias_ ? params_.tensor("bias").data<float>() : nullptr, y.data<float>(), out_);
   return y;
 }

@@ -32,6 +32,7 @@
 #include <limits>
 #include <vector>
 
+#include "backends/cpu/cpu_device.h"
 #include "core/parallel.h"
 #include "core/random.h"
 #include "layers/attention_core.h"
@@ -378,7 +379,7 @@ MultiheadAttentionOutput MultiheadAttention::forward(const Tensor& query, const 
   }
   if (N == 0 || L == 0) return result;
 
-  const Device& device = query.device();
+  const Device& device = cpu_device();
 
   // ---- parameters as float32 (views unless stored in another dtype)
   const bool packed = packed_in_proj();

@@ -5,6 +5,7 @@
 #include <functional>
 #include <optional>
 
+#include "backends/cpu/cpu_device.h"
 #include "core/random.h"
 #include "layers/attention.h"
 #include "layers/attention_core.h"
@@ -290,7 +291,7 @@ class LinearLayer : public OpLayer {
     const int64_t K = linear_.in_features(), N = linear_.out_features();
     const ParameterSet& p = linear_.parameters();
     linear_forward_f32(
-        x.device(), x.numel() / K, K, N, x.data<float>(), K, p.tensor("weight").data<float>(),
+        cpu_device(), x.numel() / K, K, N, x.data<float>(), K, p.tensor("weight").data<float>(),
         linear_.has_bias() ? p.tensor("bias").data<float>() : nullptr, out[0]->data<float>(), N);
   }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/cpu/cpu_device.h"
 #include "core/parallel.h"
 
 namespace tessera {
@@ -98,7 +99,7 @@ void layer_norm_into(const Tensor& x, const Tensor& gamma, const Tensor& beta, d
   const int64_t rows = xc.numel() / D;
   const float* xp = xc.data<float>();
   float* yp = y.data<float>();
-  const KernelTable& k = xc.device().kernels();
+  const KernelTable& k = cpu_device().kernels();
   const float e = static_cast<float>(eps);
   parallel_for(0, rows, std::max<int64_t>(1, kElementGrain / D), [&](int64_t r0, int64_t r1) {
     k.layer_norm_rows_f32(r1 - r0, D, xp + r0 * D, D, yp + r0 * D, D, g, b, e);
@@ -111,7 +112,7 @@ void gelu_into(const Tensor& x, bool tanh_approx, Tensor& y, const std::string& 
   check_output(y, xc.shape(), "y", where);
   const float* xp = xc.data<float>();
   float* yp = y.data<float>();
-  const KernelTable& k = xc.device().kernels();
+  const KernelTable& k = cpu_device().kernels();
   parallel_for(0, xc.numel(), kElementGrain,
                [&](int64_t i0, int64_t i1) { k.gelu_f32(i1 - i0, xp + i0, yp + i0, tanh_approx); });
 }
@@ -127,7 +128,7 @@ void add_into(const Tensor& a, const Tensor& b, Tensor& y, const std::string& wh
   const float* ap = ac.data<float>();
   const float* bp = bc.data<float>();
   float* yp = y.data<float>();
-  const KernelTable& k = y.device().kernels();
+  const KernelTable& k = cpu_device().kernels();
 
   if (ac.shape() == bc.shape()) {
     parallel_for(0, n_out, kElementGrain,

@@ -40,10 +40,4 @@ void layer_norm_rows_f32(int64_t rows, int64_t cols, const float* x, int64_t x_s
 // The HWY_TARGET the Highway kernels dispatch to right now (one bit, e.g. HWY_AVX3).
 int64_t dispatched_target();
 
-// convert.cc
-void convert_f16_to_f32(int64_t n, const uint16_t* in, float* out);
-void convert_f32_to_f16(int64_t n, const float* in, uint16_t* out);
-void convert_bf16_to_f32(int64_t n, const uint16_t* in, float* out);
-void convert_f32_to_bf16(int64_t n, const float* in, uint16_t* out);
-
 }  // namespace tessera::cpu

@@ -1,7 +1,7 @@
 // Per-target helpers shared by the Highway kernel files: an exp with the NaN and underflow
-// behaviour softmax needs, and bounded tail loads/stores. Included once per SIMD target from a
-// file that has already included <hwy/highway.h> under foreach_target.h, hence Highway's
-// toggling include guard instead of #pragma once.
+// behaviour softmax needs (tail loads/stores: core/simd_tail-inl.h). Included once per SIMD
+// target from a file that has already included <hwy/highway.h> under foreach_target.h, hence
+// Highway's toggling include guard instead of #pragma once.
 #if defined(TESSERA_BACKENDS_CPU_MATH_F32_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef TESSERA_BACKENDS_CPU_MATH_F32_INL_H_
 #undef TESSERA_BACKENDS_CPU_MATH_F32_INL_H_
@@ -47,22 +47,6 @@ HWY_INLINE V ExpF32(D d, V x) {
   // add to p's exponent) keeps a NaN p a NaN.
   const V pow2n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127))));
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.0f)), hn::Mul(p, pow2n));
-}
-
-// Highway 1.0.3 has no LoadN/StoreN, and its MaskedLoad on SSE4/EMU128 loads the whole vector,
-// so row tails (count < Lanes(d)) go through a stack copy: no read or write past the row.
-template <class D>
-HWY_INLINE hn::Vec<D> LoadTail(D d, const hn::TFromD<D>* p, size_t count, hn::TFromD<D> pad) {
-  HWY_ALIGN hn::TFromD<D> buf[hn::MaxLanes(D())];
-  for (size_t i = 0; i < hn::MaxLanes(D()); ++i) buf[i] = i < count ? p[i] : pad;
-  return hn::Load(d, buf);
-}
-
-template <class D>
-HWY_INLINE void StoreTail(D d, hn::Vec<D> v, hn::TFromD<D>* p, size_t count) {
-  HWY_ALIGN hn::TFromD<D> buf[hn::MaxLanes(D())];
-  hn::Store(v, d, buf);
-  for (size_t i = 0; i < count; ++i) p[i] = buf[i];
 }
 
 }  // namespace tessera::HWY_NAMESPACE
