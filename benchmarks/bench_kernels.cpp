@@ -201,12 +201,12 @@ int main() {
                    s.n);
         k.add_bias_rows_f32(s.m, s.n, c.data(), s.n, bias.data());
       });
-      const int64_t panels = (s.m + k.linear_panel_rows - 1) / k.linear_panel_rows;
+      const tessera::LinearKernels& lin = *k.linear(tessera::DType::F32);
+      const int64_t panels = (s.m + lin.panel_rows - 1) / lin.panel_rows;
       float* pk = packed.data() + (16 - reinterpret_cast<uintptr_t>(packed.data()) / 4 % 16) % 16;
       const Timing own = median_time(s.reps, [&] {
-        k.linear_pack_f32(s.m, s.k, x.data(), s.k, 0, panels, pk);
-        k.linear_packed_f32(s.m, s.k, pk, 0, panels, w.data(), s.k, 0, s.n, bias.data(), c.data(),
-                            s.n);
+        lin.pack(s.m, s.k, x.data(), s.k, 0, panels, pk);
+        lin.packed(s.m, s.k, pk, 0, panels, w.data(), s.k, 0, s.n, bias.data(), c.data(), s.n);
       });
       char label[64];
       std::snprintf(label, sizeof label, "linear %ldx%ldx%ld (rows x out x in)",

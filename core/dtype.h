@@ -10,6 +10,8 @@
 namespace tessera {
 
 enum class DType : uint8_t { F32, F16, BF16, F64, I64, I32, U8, I8, Bool };
+// Number of dtypes, for tables indexed by static_cast<size_t>(dtype) (Bool is the last).
+inline constexpr size_t kDTypeCount = static_cast<size_t>(DType::Bool) + 1;
 
 size_t dtype_size(DType t);
 // "float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "int8", "bool"

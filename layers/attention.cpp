@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_device.h"
+#include "core/attention_tile.h"
 #include "core/parallel.h"
 #include "core/random.h"
 #include "layers/attention_core.h"

@@ -896,7 +896,9 @@ BOOST_AUTO_TEST_CASE(gemm_concurrent_calls_match_sequential) {
 // pieces (one call per panel, odd feature ranges) must match the whole call bit for bit: the layers
 // split work over threads that way, and results must not depend on the thread count.
 BOOST_AUTO_TEST_CASE(linear_packed_matches_float64_and_any_split) {
-  const KernelTable& k = table();
+  BOOST_TEST((table().linear(DType::BF16) == nullptr));  // no bf16-weight kernel yet
+  BOOST_TEST_REQUIRE((table().linear(DType::F32) != nullptr));
+  const LinearKernels& k = *table().linear(DType::F32);
   struct Shape {
     int64_t m, n, kk;
   };
@@ -917,15 +919,15 @@ BOOST_AUTO_TEST_CASE(linear_packed_matches_float64_and_any_split) {
         std::copy(xv.begin(), xv.begin() + ((s.m - 1) * ldx + s.kk), x.data());
         std::copy(wv.begin(), wv.end(), w.data());
         std::copy(bv.begin(), bv.end(), bias.data());
-        const int64_t panels = (s.m + k.linear_panel_rows - 1) / k.linear_panel_rows;
+        const int64_t panels = (s.m + k.panel_rows - 1) / k.panel_rows;
         std::vector<float> packed_store(
-            static_cast<size_t>(panels * k.linear_panel_rows * s.kk + 16));
+            static_cast<size_t>(panels * k.panel_rows * s.kk + 16));
         float* packed = packed_store.data() +
                         (16 - reinterpret_cast<uintptr_t>(packed_store.data()) / 4 % 16) % 16;
         std::vector<float> y(static_cast<size_t>(s.m * ldy), kSentinel);
         const float* b = with_bias ? bias.data() : nullptr;
-        k.linear_pack_f32(s.m, s.kk, x.data(), ldx, 0, panels, packed);
-        k.linear_packed_f32(s.m, s.kk, packed, 0, panels, w.data(), s.kk, 0, s.n, b, y.data(), ldy);
+        k.pack(s.m, s.kk, x.data(), ldx, 0, panels, packed);
+        k.packed(s.m, s.kk, packed, 0, panels, w.data(), s.kk, 0, s.n, b, y.data(), ldy);
         int bad = 0;
         for (int64_t i = 0; i < s.m; ++i) {
           for (int64_t j = 0; j < ldy; ++j) {
@@ -955,10 +957,10 @@ BOOST_AUTO_TEST_CASE(linear_packed_matches_float64_and_any_split) {
                          (16 - reinterpret_cast<uintptr_t>(packed2_store.data()) / 4 % 16) % 16;
         std::vector<float> y2(y.size(), kSentinel);
         for (int64_t p = 0; p < panels; ++p) {
-          k.linear_pack_f32(s.m, s.kk, x.data(), ldx, p, p + 1, packed2);
+          k.pack(s.m, s.kk, x.data(), ldx, p, p + 1, packed2);
           for (int64_t n0 = 0; n0 < s.n; n0 += 7)
-            k.linear_packed_f32(s.m, s.kk, packed2, p, p + 1, w.data(), s.kk, n0,
-                                std::min(s.n, n0 + 7), b, y2.data(), ldy);
+            k.packed(s.m, s.kk, packed2, p, p + 1, w.data(), s.kk, n0, std::min(s.n, n0 + 7), b,
+                     y2.data(), ldy);
         }
         int differ = 0;
         for (size_t i = 0; i < y.size(); ++i) differ += bits_of(y[i]) != bits_of(y2[i]);

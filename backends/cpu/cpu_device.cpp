@@ -15,9 +15,8 @@ KernelTable make_cpu_kernels() {
   KernelTable t{};
   t.gemm_f32 = cpu::gemm_f32;
   t.gemm_batched_f32 = cpu::gemm_batched_f32;
-  t.linear_panel_rows = cpu::kLinearPanelRows;
-  t.linear_pack_f32 = cpu::linear_pack_f32;
-  t.linear_packed_f32 = cpu::linear_packed_f32;
+  t.linear_by_weight[static_cast<size_t>(DType::F32)] = {
+      cpu::kLinearPanelRows, cpu::linear_pack_f32, cpu::linear_packed_f32};
   t.softmax_rows_f32 = cpu::softmax_rows_f32;
   t.rope_rotate_half_f32 = cpu::rope_rotate_half_f32;
   t.add_bias_rows_f32 = cpu::add_bias_rows_f32;

@@ -40,7 +40,7 @@
 //   next block prefetched while this one computes. (The rest of the TLB cost goes away if the
 //   caller's QKV buffer is on huge pages: +15-25% at T = 4096 with madvise(MADV_HUGEPAGE).)
 //
-// Semantics (core/kernels.h): rows whose visible scores are all -inf, and rows that see no key,
+// Semantics (core/kernels.h, core/attention_tile.h): rows whose visible scores are all -inf, and rows that see no key,
 // get zeros; a NaN score makes its row NaN (ExpNonPositive keeps NaN; see below).
 
 #undef HWY_TARGET_INCLUDE
@@ -56,7 +56,7 @@
 #include <limits>
 
 #include "backends/cpu/flash_attention.h"
-#include "core/kernels.h"
+#include "core/attention_tile.h"
 
 // Scratch layout, shared by every target and by flash_attention_scratch_floats_cpu.
 #ifndef TESSERA_BACKENDS_CPU_FLASH_ATTENTION_LAYOUT_
@@ -280,7 +280,7 @@ HWY_INLINE bool FillAdditive(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
   // The gather takes 32-bit lane offsets: row * mask_stride must fit for rows < 32.
   const bool mask_gather = t.mask_stride != 0 && t.mask_stride <= (int64_t{1} << 31) / 32;
 
-  // Bias index (core/kernels.h) split as qbase(q) - koff(s), with
+  // Bias index (core/attention_tile.h) split as qbase(q) - koff(s), with
   //   qbase(q) = (q / W + H - 1)(2W - 1) + q % W + W - 1,  koff(s) = (s / W)(2W - 1) + s % W.
   // koff of this key block is computed once, stepping the grid column (one division, not 32:
   // 32 int64 divisions would cost about half of the block's 2048-cycle score GEMM).
