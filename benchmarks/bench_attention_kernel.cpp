@@ -33,7 +33,7 @@
 
 #if HWY_ONCE
 #include "backends/cpu/flash_attention.h"
-#include "core/kernels.h"
+#include "core/attention_tile.h"
 
 namespace tessera::bench {
 HWY_EXPORT(FmaLoop);

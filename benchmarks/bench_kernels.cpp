@@ -17,7 +17,8 @@
 #include <ctime>
 #include <vector>
 
-#include "core/device.h"
+#include "backends/cpu/cpu_device.h"
+#include "core/dtype.h"
 #include "core/kernels.h"
 #include "core/random.h"
 
@@ -143,13 +144,13 @@ int main() {
   {
     std::vector<uint16_t> h(n);
     report_gbs("convert_f32_to_f16 4M", 6.0 * n,
-               median_time(9, [&] { k.convert_f32_to_f16(n, x.data(), h.data()); }));
+               median_time(9, [&] { tessera::convert_f32_to_f16(n, x.data(), h.data()); }));
     report_gbs("convert_f16_to_f32 4M", 6.0 * n,
-               median_time(9, [&] { k.convert_f16_to_f32(n, h.data(), y.data()); }));
+               median_time(9, [&] { tessera::convert_f16_to_f32(n, h.data(), y.data()); }));
     report_gbs("convert_f32_to_bf16 4M", 6.0 * n,
-               median_time(9, [&] { k.convert_f32_to_bf16(n, x.data(), h.data()); }));
+               median_time(9, [&] { tessera::convert_f32_to_bf16(n, x.data(), h.data()); }));
     report_gbs("convert_bf16_to_f32 4M", 6.0 * n,
-               median_time(9, [&] { k.convert_bf16_to_f32(n, h.data(), y.data()); }));
+               median_time(9, [&] { tessera::convert_bf16_to_f32(n, h.data(), y.data()); }));
   }
 
   // GEMM m x n x k, row-major, no transposes, one thread.
@@ -200,12 +201,12 @@ int main() {
                    s.n);
         k.add_bias_rows_f32(s.m, s.n, c.data(), s.n, bias.data());
       });
-      const int64_t panels = (s.m + k.linear_panel_rows - 1) / k.linear_panel_rows;
+      const tessera::LinearKernels& lin = *k.linear(tessera::DType::F32);
+      const int64_t panels = (s.m + lin.panel_rows - 1) / lin.panel_rows;
       float* pk = packed.data() + (16 - reinterpret_cast<uintptr_t>(packed.data()) / 4 % 16) % 16;
       const Timing own = median_time(s.reps, [&] {
-        k.linear_pack_f32(s.m, s.k, x.data(), s.k, 0, panels, pk);
-        k.linear_packed_f32(s.m, s.k, pk, 0, panels, w.data(), s.k, 0, s.n, bias.data(), c.data(),
-                            s.n);
+        lin.pack(s.m, s.k, x.data(), s.k, 0, panels, pk);
+        lin.packed(s.m, s.k, pk, 0, panels, w.data(), s.k, 0, s.n, bias.data(), c.data(), s.n);
       });
       char label[64];
       std::snprintf(label, sizeof label, "linear %ldx%ldx%ld (rows x out x in)",

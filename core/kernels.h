@@ -6,48 +6,35 @@
 // worker threads). Arguments are validated by the layer before the call.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
+#include "core/dtype.h"
+
 namespace tessera {
 
-// Index into a relative-position bias table for self-attention over a grid_h x grid_w token grid
-// (tokens row-major: position p is grid cell (p / grid_w, p % grid_w)): query q, key s ->
-//   (qy - sy + grid_h - 1) * (2 grid_w - 1) + (qx - sx + grid_w - 1),  in [0, (2H-1)(2W-1)).
-// The kernels compute it on the fly; a [T, T] index (128 MiB of int64 at T = 4096) is never built.
-constexpr int64_t relative_position_index(int64_t q, int64_t s, int64_t grid_h, int64_t grid_w) {
-  return (q / grid_w - s / grid_w + grid_h - 1) * (2 * grid_w - 1) + (q % grid_w - s % grid_w) +
-         grid_w - 1;
-}
+// The fused attention kernel's argument, defined in core/attention_tile.h. Declared only: the
+// table's slot takes it by reference, which needs no definition, so this header carries nothing
+// attention-specific; the layer that builds tiles and the kernels that read them include that
+// header. It stays in core because it is the slot's contract for every backend; defined next
+// to the CPU kernel, it would make the layer include one backend's header.
+struct FlashAttentionTile;
 
-// One query tile of one (batch, head) for the fused attention kernel: rows of q at positions
-// q_pos0 .. q_pos0+rows-1 against all kv_len keys, online softmax, never materialising
-// [rows, kv_len]. Row r of q/out/mask is at ptr + r*stride; key/value s at ptr + s*stride.
-struct FlashAttentionTile {
-  int64_t rows = 0;
-  int64_t q_pos0 = 0;    // for causal: row r sees keys s <= q_pos0 + r
-  int64_t kv_len = 0;    // S (0: every row gets zeros)
-  int64_t head_dim = 0;  // q/k width
-  int64_t v_head_dim = 0;
-  float scale = 1.0f;  // multiplies q.k before the mask is added
-  const float* q = nullptr;
-  int64_t q_stride = 0;
-  const float* k = nullptr;
-  int64_t k_stride = 0;
-  const float* v = nullptr;
-  int64_t v_stride = 0;
-  const float* mask = nullptr;  // additive [rows, kv_len], columns contiguous; may be null
-  int64_t mask_stride = 0;      // may be 0 (one row for all)
-  // Optional relative-position bias, added like the mask (both may be set: their sum is
-  // added): query q_pos0 + r and key s, both < grid_h * grid_w, get
-  // rel_table[relative_position_index(q_pos0 + r, s, grid_h, grid_w)]. This head's
-  // [(2 grid_h - 1) * (2 grid_w - 1)] floats, contiguous.
-  const float* rel_table = nullptr;
-  int64_t grid_h = 0, grid_w = 0;
-  bool causal = false;
-  float* out = nullptr;  // [rows, v_head_dim]
-  int64_t out_stride = 0;
-  float* scratch = nullptr;  // flash_attention_scratch_floats(...) floats, 64-byte aligned
+// Projection kernels for one stored weight dtype, y[r, j] = sum_i x[r, i] w[j, i] + bias[j]
+// (x, bias, y float32; w in that dtype; bias may be null), in two steps: pack copies rows of x
+// into panels of panel_rows rows (panels p0 .. p1-1 of the ceil(m / panel_rows), each
+// k * panel_rows floats at packed + p * that, 64-byte aligned); packed then computes rows of
+// panels p0 .. p1-1 against output features n0 .. n1-1. Every y element is the same sum in the
+// same order whatever the split. w is untyped so that every weight dtype's entry has this one
+// signature; ldw is in its elements.
+struct LinearKernels {
+  int64_t panel_rows = 0;
+  void (*pack)(int64_t m, int64_t k, const float* x, int64_t ldx, int64_t p0, int64_t p1,
+               float* packed) = nullptr;
+  void (*packed)(int64_t m, int64_t k, const float* packed, int64_t p0, int64_t p1,
+                 const void* w, int64_t ldw, int64_t n0, int64_t n1, const float* bias, float* y,
+                 int64_t ldy) = nullptr;
 };
 
 // An elementwise map y[i] = f(x[i]) for i < n (y may alias x), named by the op it serves.
@@ -69,17 +56,14 @@ struct KernelTable {
                            const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
                            int64_t ldc, int64_t stride_c);
 
-  // Projections, y[r, j] = sum_i x[r, i] w[j, i] + bias[j] (bias may be null), in two steps:
-  // linear_pack_f32 copies rows of x into panels of linear_panel_rows rows (panels p0 .. p1-1 of
-  // the ceil(m / linear_panel_rows), each k * linear_panel_rows floats at packed + p * that,
-  // 64-byte aligned); linear_packed_f32 then computes rows of panels p0 .. p1-1 against output
-  // features n0 .. n1-1. Every y element is the same sum in the same order whatever the split.
-  int64_t linear_panel_rows = 0;
-  void (*linear_pack_f32)(int64_t m, int64_t k, const float* x, int64_t ldx, int64_t p0,
-                          int64_t p1, float* packed) = nullptr;
-  void (*linear_packed_f32)(int64_t m, int64_t k, const float* packed, int64_t p0, int64_t p1,
-                            const float* w, int64_t ldw, int64_t n0, int64_t n1,
-                            const float* bias, float* y, int64_t ldy) = nullptr;
+  // The projection kernels for weights stored as `weight`, or null when the backend has none
+  // for that dtype. A new weight dtype (bf16) is a new entry in linear_by_weight, set by the
+  // backend; the layers already ask by dtype.
+  const LinearKernels* linear(DType weight) const {
+    const LinearKernels& entry = linear_by_weight[static_cast<size_t>(weight)];
+    return entry.packed != nullptr ? &entry : nullptr;
+  }
+  LinearKernels linear_by_weight[kDTypeCount] = {};
 
   // y[r, j] = softmax_j(scale * x[r, j] + mask[r, j]) for r < rows, j < cols.
   // mask may be null; its row stride may be 0 (one mask row for all rows); columns contiguous.
@@ -96,12 +80,6 @@ struct KernelTable {
   // cos/sin are [positions, half] tables built by the caller.
   void (*rope_rotate_half_f32)(int64_t positions, int64_t heads, int64_t head_dim, float* x,
                                int64_t row_stride, const float* cos, const float* sin);
-
-  // Contiguous conversions of n elements (round to nearest even; NaN stays NaN).
-  void (*convert_f16_to_f32)(int64_t n, const uint16_t* in, float* out);
-  void (*convert_f32_to_f16)(int64_t n, const float* in, uint16_t* out);
-  void (*convert_bf16_to_f32)(int64_t n, const uint16_t* in, float* out);
-  void (*convert_f32_to_bf16)(int64_t n, const float* in, uint16_t* out);
 
   // x[r, j] += bias[j] for r < rows, j < cols (in place).
   void (*add_bias_rows_f32)(int64_t rows, int64_t cols, float* x, int64_t x_stride,
@@ -126,7 +104,7 @@ struct KernelTable {
     return nullptr;
   }
 
-  // Fused attention for one tile (see FlashAttentionTile). Rows whose keys are all masked get
+  // Fused attention for one tile (core/attention_tile.h). Rows whose keys are all masked get
   // zeros (never NaN); a NaN score makes its row NaN. Null when the backend has none; the core
   // then takes the materialising path.
   void (*flash_attention_f32)(const FlashAttentionTile& tile) = nullptr;

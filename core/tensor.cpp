@@ -103,22 +103,22 @@ Shape contiguous_strides(const Shape& shape) {
 
 // ---------------------------------------------------------------- Storage
 
-Storage::Storage(Device& device, size_t bytes, bool zeroed)
-    : data_(zeroed ? device.allocate_zeroed(bytes) : device.allocate(bytes)),
+Storage::Storage(Allocator& allocator, size_t bytes, bool zeroed)
+    : data_(zeroed ? allocator.allocate_zeroed(bytes) : allocator.allocate(bytes)),
       bytes_(bytes),
-      device_(&device) {}
+      allocator_(&allocator) {}
 
 Storage::Storage(void* data, size_t bytes, std::shared_ptr<const void> owner, bool read_only)
     : data_(data),
       bytes_(bytes),
-      device_(&cpu_device()),
+      allocator_(nullptr),
       owner_(std::move(owner)),
       read_only_(read_only) {
   if (!owner_) owner_ = std::make_shared<int>(0);  // borrowed even without an owner handle
 }
 
 Storage::~Storage() {
-  if (owner_ == nullptr) device_->deallocate(data_);
+  if (owner_ == nullptr) allocator_->deallocate(data_);
 }
 
 // ---------------------------------------------------------------- Tensor
@@ -136,28 +136,35 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape
                               std::to_string(kMaxRank) + " dimensions");
 }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype) {
+namespace {
+
+// Storage for a contiguous `shape` of `dtype` from `allocator`; `where` names the factory.
+std::shared_ptr<Storage> new_storage(const Shape& shape, DType dtype, Allocator& allocator,
+                                     bool zeroed, const char* where) {
   const int64_t n = shape_numel(shape);
   int64_t bytes;
   if (mul_overflows(n, static_cast<int64_t>(dtype_size(dtype)), &bytes))
-    shape_error("Tensor::empty", "byte size of " + shape_to_string(shape) + " overflows");
-  auto storage = std::make_shared<Storage>(cpu_device(), static_cast<size_t>(bytes));
-  return Tensor(std::move(storage), dtype, shape, contiguous_strides(shape), 0);
+    shape_error(where, "byte size of " + shape_to_string(shape) + " overflows");
+  return std::make_shared<Storage>(allocator, static_cast<size_t>(bytes), zeroed);
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype) {
-  const int64_t n = shape_numel(shape);
-  int64_t bytes;
-  if (mul_overflows(n, static_cast<int64_t>(dtype_size(dtype)), &bytes))
-    shape_error("Tensor::zeros", "byte size of " + shape_to_string(shape) + " overflows");
-  // Zeroed by the device: large fresh blocks come zeroed from the OS and stay untouched (no RSS,
-  // no first-touch cost) until written; a parameter that a checkpoint replaces never is.
-  auto storage = std::make_shared<Storage>(cpu_device(), static_cast<size_t>(bytes), true);
-  return Tensor(std::move(storage), dtype, shape, contiguous_strides(shape), 0);
+}  // namespace
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Allocator& allocator) {
+  return Tensor(new_storage(shape, dtype, allocator, false, "Tensor::empty"), dtype, shape,
+                contiguous_strides(shape), 0);
 }
 
-Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
-  Tensor t = empty(shape, dtype);
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Allocator& allocator) {
+  // Zeroed by the allocator: the host one's large fresh blocks come zeroed from the OS and stay
+  // untouched (no RSS, no first-touch cost) until written; a parameter that a checkpoint
+  // replaces never is.
+  return Tensor(new_storage(shape, dtype, allocator, true, "Tensor::zeros"), dtype, shape,
+                contiguous_strides(shape), 0);
+}
+
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, Allocator& allocator) {
+  Tensor t = empty(shape, dtype, allocator);
   const size_t es = dtype_size(dtype);
   if (t.numel() == 0) return t;
   auto* p = static_cast<uint8_t*>(t.raw_data());
@@ -166,8 +173,9 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
   return t;
 }
 
-Tensor Tensor::from_data(const void* data, const Shape& shape, DType dtype) {
-  Tensor t = empty(shape, dtype);
+Tensor Tensor::from_data(const void* data, const Shape& shape, DType dtype,
+                         Allocator& allocator) {
+  Tensor t = empty(shape, dtype, allocator);
   if (t.nbytes() > 0) std::memcpy(t.raw_data(), data, t.nbytes());
   return t;
 }
@@ -182,16 +190,18 @@ Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype,
   return Tensor(std::move(storage), dtype, shape, contiguous_strides(shape), 0);
 }
 
-Tensor Tensor::randn(const Shape& shape, Generator& gen, double mean, double std, DType dtype) {
-  Tensor t = empty(shape, dtype);
+Tensor Tensor::randn(const Shape& shape, Generator& gen, double mean, double std, DType dtype,
+                     Allocator& allocator) {
+  Tensor t = empty(shape, dtype, allocator);
   auto* p = static_cast<uint8_t*>(t.raw_data());
   const size_t es = dtype_size(dtype);
   for (int64_t i = 0; i < t.numel(); ++i) store_from_double(p + i * es, dtype, mean + std * gen.normal());
   return t;
 }
 
-Tensor Tensor::rand(const Shape& shape, Generator& gen, double low, double high, DType dtype) {
-  Tensor t = empty(shape, dtype);
+Tensor Tensor::rand(const Shape& shape, Generator& gen, double low, double high, DType dtype,
+                    Allocator& allocator) {
+  Tensor t = empty(shape, dtype, allocator);
   auto* p = static_cast<uint8_t*>(t.raw_data());
   const size_t es = dtype_size(dtype);
   for (int64_t i = 0; i < t.numel(); ++i)
@@ -215,8 +225,6 @@ bool Tensor::is_contiguous() const {
   }
   return true;
 }
-
-Device& Tensor::device() const { return storage_ ? storage_->device() : cpu_device(); }
 
 void* Tensor::raw_data() const {
   if (!storage_) fail(ErrorCode::Internal, "Tensor", "access to an undefined tensor");
@@ -460,17 +468,16 @@ void Tensor::copy_from(const Tensor& src) {
   const size_t es = dtype_size(dtype_);
   auto* dst = static_cast<uint8_t*>(raw_data());
   const auto* s = static_cast<const uint8_t*>(src.raw_data());
-  const KernelTable& k = device().kernels();
   if (is_contiguous() && src.is_contiguous()) {
     const int64_t n = numel();
     if (src.dtype_ == dtype_) {
       std::memcpy(dst, s, nbytes());
       return;
     }
-    if (src.dtype_ == DType::F16 && dtype_ == DType::F32) return k.convert_f16_to_f32(n, reinterpret_cast<const uint16_t*>(s), reinterpret_cast<float*>(dst));
-    if (src.dtype_ == DType::BF16 && dtype_ == DType::F32) return k.convert_bf16_to_f32(n, reinterpret_cast<const uint16_t*>(s), reinterpret_cast<float*>(dst));
-    if (src.dtype_ == DType::F32 && dtype_ == DType::F16) return k.convert_f32_to_f16(n, reinterpret_cast<const float*>(s), reinterpret_cast<uint16_t*>(dst));
-    if (src.dtype_ == DType::F32 && dtype_ == DType::BF16) return k.convert_f32_to_bf16(n, reinterpret_cast<const float*>(s), reinterpret_cast<uint16_t*>(dst));
+    if (src.dtype_ == DType::F16 && dtype_ == DType::F32) return convert_f16_to_f32(n, reinterpret_cast<const uint16_t*>(s), reinterpret_cast<float*>(dst));
+    if (src.dtype_ == DType::BF16 && dtype_ == DType::F32) return convert_bf16_to_f32(n, reinterpret_cast<const uint16_t*>(s), reinterpret_cast<float*>(dst));
+    if (src.dtype_ == DType::F32 && dtype_ == DType::F16) return convert_f32_to_f16(n, reinterpret_cast<const float*>(s), reinterpret_cast<uint16_t*>(dst));
+    if (src.dtype_ == DType::F32 && dtype_ == DType::BF16) return convert_f32_to_bf16(n, reinterpret_cast<const float*>(s), reinterpret_cast<uint16_t*>(dst));
     if (src.dtype_ == DType::F64 && dtype_ == DType::F32) {
       const auto* in = reinterpret_cast<const double*>(s);
       auto* out = reinterpret_cast<float*>(dst);

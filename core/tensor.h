@@ -1,7 +1,8 @@
-// Tensor: a dtype, a shape, strides (in elements), an offset and shared storage on a Device.
+// Tensor: a dtype, a shape, strides (in elements), an offset and shared host storage.
 // Views (reshape/view/transpose/permute/narrow/select/unsqueeze/squeeze/expand) share storage;
-// contiguous()/clone()/to() copy. Storage is either an owned 64-byte aligned allocation or
-// borrowed memory (an mmap'd checkpoint) kept alive by a shared owner handle.
+// contiguous()/clone()/to() copy. Storage is either an owned 64-byte aligned allocation from
+// the Allocator the factory was given (host_allocator() unless told otherwise), or borrowed
+// memory (an mmap'd checkpoint) kept alive by a shared owner handle.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/device.h"
+#include "core/allocator.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/shape.h"
@@ -25,8 +26,9 @@ int64_t shape_numel(const Shape& shape);
 
 class Storage {
  public:
-  // Owned, 64-byte aligned; uninitialised, or zero-filled with `zeroed`.
-  Storage(Device& device, size_t bytes, bool zeroed = false);
+  // Owned: from `allocator` (which must outlive the storage), 64-byte aligned; uninitialised,
+  // or zero-filled with `zeroed`.
+  Storage(Allocator& allocator, size_t bytes, bool zeroed = false);
   // Borrowed. `read_only`: nobody may write the bytes (a read-only mapping of a checkpoint), so
   // holders may share them instead of copying.
   Storage(void* data, size_t bytes, std::shared_ptr<const void> owner, bool read_only = false);
@@ -36,14 +38,15 @@ class Storage {
 
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
-  Device& device() const { return *device_; }
+  // The allocator the bytes came from; null for borrowed memory.
+  Allocator* allocator() const { return allocator_; }
   bool owned() const { return owner_ == nullptr; }
   bool read_only() const { return read_only_; }
 
  private:
   void* data_;
   size_t bytes_;
-  Device* device_;
+  Allocator* allocator_;
   std::shared_ptr<const void> owner_;
   bool read_only_ = false;
 };
@@ -52,22 +55,27 @@ class Tensor {
  public:
   Tensor() = default;  // undefined (defined() == false)
 
-  // ---- factories
-  static Tensor empty(const Shape& shape, DType dtype = DType::F32);
-  static Tensor zeros(const Shape& shape, DType dtype = DType::F32);
-  static Tensor full(const Shape& shape, double value, DType dtype = DType::F32);
+  // ---- factories (the owning ones allocate from `allocator`)
+  static Tensor empty(const Shape& shape, DType dtype = DType::F32,
+                      Allocator& allocator = host_allocator());
+  static Tensor zeros(const Shape& shape, DType dtype = DType::F32,
+                      Allocator& allocator = host_allocator());
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::F32,
+                     Allocator& allocator = host_allocator());
   // Copies bytes (product(shape) * dtype_size) from `data`.
-  static Tensor from_data(const void* data, const Shape& shape, DType dtype);
+  static Tensor from_data(const void* data, const Shape& shape, DType dtype,
+                          Allocator& allocator = host_allocator());
   template <class T>
-  static Tensor from_vector(const std::vector<T>& v, const Shape& shape);
+  static Tensor from_vector(const std::vector<T>& v, const Shape& shape,
+                            Allocator& allocator = host_allocator());
   // No copy: views `data` (aligned for dtype) and keeps `owner` alive as long as any view lives.
   // `read_only` marks data nobody may write (see read_only()).
   static Tensor wrap(void* data, const Shape& shape, DType dtype,
                      std::shared_ptr<const void> owner, bool read_only = false);
   static Tensor randn(const Shape& shape, Generator& gen, double mean = 0.0, double std = 1.0,
-                      DType dtype = DType::F32);
+                      DType dtype = DType::F32, Allocator& allocator = host_allocator());
   static Tensor rand(const Shape& shape, Generator& gen, double low = 0.0, double high = 1.0,
-                     DType dtype = DType::F32);
+                     DType dtype = DType::F32, Allocator& allocator = host_allocator());
 
   // ---- metadata
   bool defined() const { return storage_ != nullptr; }
@@ -81,7 +89,6 @@ class Tensor {
   int64_t numel() const;
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
   bool is_contiguous() const;
-  Device& device() const;
   const std::shared_ptr<Storage>& storage() const { return storage_; }
   // True for a view of read-only memory (a checkpoint's mapping): writing it faults, and it
   // never changes, so it can be shared where a copy would otherwise be taken.
@@ -106,7 +113,7 @@ class Tensor {
   Tensor squeeze() const;           // all size-1 dims
   Tensor expand(const Shape& shape) const;  // broadcast size-1 dims with stride 0; -1 keeps
 
-  // ---- copies
+  // ---- copies (new memory from host_allocator())
   Tensor contiguous() const;  // *this when already contiguous
   Tensor clone() const;       // always a fresh contiguous copy
   Tensor to(DType dtype) const;  // *this when already that dtype
@@ -166,17 +173,17 @@ T* Tensor::data() const {
 }
 
 template <class T>
-Tensor Tensor::from_vector(const std::vector<T>& v, const Shape& shape) {
+Tensor Tensor::from_vector(const std::vector<T>& v, const Shape& shape, Allocator& allocator) {
   if (static_cast<int64_t>(v.size()) != shape_numel(shape))
     fail(ErrorCode::Shape, "Tensor::from_vector",
          std::to_string(v.size()) + " values do not fill shape " + shape_to_string(shape));
   if constexpr (std::is_same_v<T, bool>) {
-    Tensor t = empty(shape, DType::Bool);
+    Tensor t = empty(shape, DType::Bool, allocator);
     auto* p = static_cast<uint8_t*>(t.raw_data());
     for (size_t i = 0; i < v.size(); ++i) p[i] = v[i] ? 1 : 0;
     return t;
   } else {
-    return from_data(v.data(), shape, DTypeOf<T>::value);
+    return from_data(v.data(), shape, DTypeOf<T>::value, allocator);
   }
 }
 

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "backends/cpu/cpu_device.h"
+#include "core/attention_tile.h"
 #include "core/parallel.h"
 #include "core/random.h"
 #include "core/text.h"

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/attention_tile.h"
 #include "core/kernels.h"
 #include "core/parallel.h"
 #include "core/tensor.h"

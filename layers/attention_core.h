@@ -38,7 +38,7 @@ struct AttentionArgs {
   int64_t mask_batch_stride = 0, mask_head_stride = 0, mask_row_stride = 0;
   // Optional relative-position bias for self-attention over a grid_h x grid_w token grid
   // (L = S = grid_h * grid_w): adds rel_table[h * rel_head_stride +
-  // relative_position_index(l, s, grid_h, grid_w)] (core/kernels.h) to score (b, h, l, s),
+  // relative_position_index(l, s, grid_h, grid_w)] (core/attention_tile.h) to score (b, h, l, s),
   // after the mask. Looked up inside the kernel's tile: no [H, L, S] bias is built.
   const float* rel_table = nullptr;
   int64_t rel_head_stride = 0;

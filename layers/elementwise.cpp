@@ -1,3 +1,4 @@
+#include "backends/cpu/cpu_device.h"
 #include "layers/elementwise.h"
 
 #include <algorithm>

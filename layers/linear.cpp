@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "backends/cpu/cpu_device.h"
 #include "core/parallel.h"
 #include "core/random.h"
 #include "layers/op_args.h"
@@ -25,19 +26,19 @@ namespace {
 //
 // The backend's own kernel takes every product with at least 32 rows (one panel) and 64
 // output features; OpenBLAS the rest (see the measurements above).
-bool use_packed(const KernelTable& k, int64_t rows, int64_t out_features) {
-  return rows >= 32 && out_features >= 64 && k.linear_packed_f32 != nullptr;
+bool use_packed(const LinearKernels* lk, int64_t rows, int64_t out_features) {
+  return rows >= 32 && out_features >= 64 && lk != nullptr;
 }
 
-void linear_packed_forward_f32(const KernelTable& k, int64_t rows, int64_t in_features,
+void linear_packed_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in_features,
                                int64_t out_features, const float* x, int64_t x_stride,
                                const float* w, const float* bias, float* y, int64_t y_stride,
                                float* xp) {
-  const int64_t panel_rows = k.linear_panel_rows;
+  const int64_t panel_rows = lk.panel_rows;
   const int64_t panels = (rows + panel_rows - 1) / panel_rows;
   const int64_t panel_floats = panel_rows * in_features;
   parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    k.linear_pack_f32(rows, in_features, x, x_stride, p0, p1, xp);
+    lk.pack(rows, in_features, x, x_stride, p0, p1, xp);
   });
   // Tasks: 96 output features (8 tiles of 12 weight rows; a tile, 24 KiB of w at in = 512,
   // stays in L1 across the task's panels) x panels of x totalling ~512 KiB (half the L2: 8
@@ -50,9 +51,8 @@ void linear_packed_forward_f32(const KernelTable& k, int64_t rows, int64_t in_fe
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = (t % feature_blocks) * kFeatures,
                     p0 = (t / feature_blocks) * panels_per_task;
-      k.linear_packed_f32(rows, in_features, xp, p0, std::min(panels, p0 + panels_per_task), w,
-                          in_features, n0, std::min(out_features, n0 + kFeatures), bias, y,
-                          y_stride);
+      lk.packed(rows, in_features, xp, p0, std::min(panels, p0 + panels_per_task), w, in_features,
+                n0, std::min(out_features, n0 + kFeatures), bias, y, y_stride);
     }
   });
 }
@@ -67,12 +67,12 @@ bool small_product(int64_t rows, int64_t in_features, int64_t out_features) {
 
 int64_t linear_workspace_floats(const Device& device, int64_t rows, int64_t in_features,
                                 int64_t out_features) {
-  const KernelTable& k = device.kernels();
+  const LinearKernels* lk = device.kernels().linear(DType::F32);
   if (rows <= 0 || out_features <= 0 || small_product(rows, in_features, out_features) ||
-      !use_packed(k, rows, out_features))
+      !use_packed(lk, rows, out_features))
     return 0;
-  const int64_t panels = (rows + k.linear_panel_rows - 1) / k.linear_panel_rows;
-  return panels * k.linear_panel_rows * in_features;
+  const int64_t panels = (rows + lk->panel_rows - 1) / lk->panel_rows;
+  return panels * lk->panel_rows * in_features;
 }
 
 void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
@@ -91,8 +91,8 @@ void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
     if (bias) k.add_bias_rows_f32(rows, out_features, y, y_stride, bias);
     return;
   }
-  if (use_packed(k, rows, out_features)) {
-    linear_packed_forward_f32(k, rows, in_features, out_features, x, x_stride, w, bias, y,
+  if (const LinearKernels* lk = k.linear(DType::F32); use_packed(lk, rows, out_features)) {
+    linear_packed_forward_f32(*lk, rows, in_features, out_features, x, x_stride, w, bias, y,
                               y_stride, workspace);
     return;
   }

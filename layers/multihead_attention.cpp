@@ -34,6 +34,7 @@
 #include <limits>
 #include <vector>
 
+#include "backends/cpu/cpu_device.h"
 #include "core/parallel.h"
 #include "core/random.h"
 #include "core/text.h"

@@ -1,3 +1,4 @@
+#include "backends/cpu/cpu_device.h"
 #include "layers/norm.h"
 
 #include <algorithm>

@@ -29,7 +29,7 @@
 
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/flash_attention.h"
-#include "core/kernels.h"
+#include "core/attention_tile.h"
 
 namespace tessera {
 namespace {

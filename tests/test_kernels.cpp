@@ -37,7 +37,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/device.h"
+#include "backends/cpu/cpu_device.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/kernels.h"
@@ -216,18 +216,18 @@ BOOST_AUTO_TEST_CASE(device_allocates_aligned_and_reports_target) {
   BOOST_TEST(std::string(dev.name()) == "cpu");
   for (size_t bytes : {size_t{0}, size_t{1}, size_t{3}, size_t{63}, size_t{64}, size_t{65},
                        size_t{4096}, size_t{1} << 20}) {
-    void* p = dev.allocate(bytes);
+    void* p = dev.allocator().allocate(bytes);
     BOOST_TEST_REQUIRE(p != nullptr);
     BOOST_TEST(reinterpret_cast<uintptr_t>(p) % 64 == 0, "bytes " << bytes);
     std::memset(p, 0xab, bytes);
-    dev.deallocate(p);
+    dev.allocator().deallocate(p);
   }
-  void* a = dev.allocate(0);
-  void* b = dev.allocate(0);
+  void* a = dev.allocator().allocate(0);
+  void* b = dev.allocator().allocate(0);
   BOOST_TEST((a != nullptr && b != nullptr && a != b));
-  dev.deallocate(a);
-  dev.deallocate(b);
-  BOOST_CHECK_THROW(dev.allocate(std::numeric_limits<size_t>::max() - 8), Error);
+  dev.allocator().deallocate(a);
+  dev.allocator().deallocate(b);
+  BOOST_CHECK_THROW(dev.allocator().allocate(std::numeric_limits<size_t>::max() - 8), Error);
   const std::string target = dev.simd_target();
   BOOST_TEST(!target.empty());
   BOOST_TEST(target != "Unknown");
@@ -471,10 +471,10 @@ BOOST_AUTO_TEST_CASE(row_kernels_stay_within_their_buffers) {
       std::copy_n(x.data(), n, head.data());
       std::copy_n(x.data(), n, head.data() + n);
       table().rope_rotate_half_f32(1, 1, 2 * n, head.data(), 2 * n, cos.data(), sin.data());
-      table().convert_f32_to_f16(n, x.data(), h.data());
-      table().convert_f16_to_f32(n, h.data(), y.data());
-      table().convert_f32_to_bf16(n, x.data(), h.data());
-      table().convert_bf16_to_f32(n, h.data(), y.data());
+      convert_f32_to_f16(n, x.data(), h.data());
+      convert_f16_to_f32(n, h.data(), y.data());
+      convert_f32_to_bf16(n, x.data(), h.data());
+      convert_bf16_to_f32(n, h.data(), y.data());
       BOOST_TEST(std::isfinite(y.data()[n - 1]));  // the calls completed and wrote the end
     }
   });
@@ -628,12 +628,12 @@ BOOST_AUTO_TEST_CASE(convert_f16_bf16_to_f32_all_patterns) {
   for (uint32_t h = 0; h < 0x10000; ++h) all[h] = static_cast<uint16_t>(h);
   for_each_target("f16/bf16 -> f32", [&] {
     std::vector<float> out(0x10000 + 1, kSentinel);
-    table().convert_f16_to_f32(0x10000, all.data(), out.data());
+    convert_f16_to_f32(0x10000, all.data(), out.data());
     int64_t bad = 0;
     for (uint32_t h = 0; h < 0x10000; ++h) bad += bits_of(out[h]) != bits_of(half_to_float(all[h]));
     BOOST_TEST(bad == 0);
     BOOST_TEST(out[0x10000] == kSentinel);
-    table().convert_bf16_to_f32(0x10000, all.data(), out.data());
+    convert_bf16_to_f32(0x10000, all.data(), out.data());
     bad = 0;
     for (uint32_t h = 0; h < 0x10000; ++h) {
       bad += bits_of(out[h]) != bits_of(bfloat16_to_float(all[h]));
@@ -642,11 +642,11 @@ BOOST_AUTO_TEST_CASE(convert_f16_bf16_to_f32_all_patterns) {
     // Every tail length, from an odd (2-byte aligned only) source offset.
     for (int64_t n : test_lengths()) {
       std::vector<float> o(n + 1, kSentinel);
-      table().convert_f16_to_f32(n, all.data() + 0x3bf1, o.data());
+      convert_f16_to_f32(n, all.data() + 0x3bf1, o.data());
       for (int64_t i = 0; i < n; ++i)
         BOOST_TEST(bits_of(o[i]) == bits_of(half_to_float(all[0x3bf1 + i])));
       BOOST_TEST(o[n] == kSentinel);
-      table().convert_bf16_to_f32(n, all.data() + 0x7f71, o.data());
+      convert_bf16_to_f32(n, all.data() + 0x7f71, o.data());
       for (int64_t i = 0; i < n; ++i) {
         BOOST_TEST(bits_of(o[i]) == bits_of(bfloat16_to_float(all[0x7f71 + i])));
       }
@@ -660,7 +660,7 @@ BOOST_AUTO_TEST_CASE(convert_f32_to_f16_bf16_rounding) {
   BOOST_TEST_MESSAGE("  f32 -> f16/bf16 over " << n << " inputs");
   for_each_target("f32 -> f16/bf16", [&] {
     std::vector<uint16_t> out(n + 1, 0xbeef);
-    table().convert_f32_to_f16(n, in.data(), out.data());
+    convert_f32_to_f16(n, in.data(), out.data());
     int64_t bad = 0;
     for (int64_t i = 0; i < n; ++i) {
       if (out[i] != float_to_half(in[i]) && bad++ < 5) {
@@ -670,7 +670,7 @@ BOOST_AUTO_TEST_CASE(convert_f32_to_f16_bf16_rounding) {
     }
     BOOST_TEST(bad == 0);
     BOOST_TEST(out[n] == 0xbeef);
-    table().convert_f32_to_bf16(n, in.data(), out.data());
+    convert_f32_to_bf16(n, in.data(), out.data());
     bad = 0;
     for (int64_t i = 0; i < n; ++i) {
       if (out[i] != float_to_bfloat16(in[i]) && bad++ < 5) {
@@ -681,10 +681,10 @@ BOOST_AUTO_TEST_CASE(convert_f32_to_f16_bf16_rounding) {
     BOOST_TEST(bad == 0);
     for (int64_t len : test_lengths()) {
       std::vector<uint16_t> o(len + 1, 0xbeef);
-      table().convert_f32_to_f16(len, in.data() + 101, o.data());
+      convert_f32_to_f16(len, in.data() + 101, o.data());
       for (int64_t i = 0; i < len; ++i) BOOST_TEST(o[i] == float_to_half(in[101 + i]));
       BOOST_TEST(o[len] == 0xbeef);
-      table().convert_f32_to_bf16(len, in.data() + 203, o.data());
+      convert_f32_to_bf16(len, in.data() + 203, o.data());
       for (int64_t i = 0; i < len; ++i) BOOST_TEST(o[i] == float_to_bfloat16(in[203 + i]));
       BOOST_TEST(o[len] == 0xbeef);
     }
@@ -896,7 +896,9 @@ BOOST_AUTO_TEST_CASE(gemm_concurrent_calls_match_sequential) {
 // pieces (one call per panel, odd feature ranges) must match the whole call bit for bit: the layers
 // split work over threads that way, and results must not depend on the thread count.
 BOOST_AUTO_TEST_CASE(linear_packed_matches_float64_and_any_split) {
-  const KernelTable& k = table();
+  BOOST_TEST((table().linear(DType::BF16) == nullptr));  // no bf16-weight kernel yet
+  BOOST_TEST_REQUIRE((table().linear(DType::F32) != nullptr));
+  const LinearKernels& k = *table().linear(DType::F32);
   struct Shape {
     int64_t m, n, kk;
   };
@@ -917,15 +919,15 @@ BOOST_AUTO_TEST_CASE(linear_packed_matches_float64_and_any_split) {
         std::copy(xv.begin(), xv.begin() + ((s.m - 1) * ldx + s.kk), x.data());
         std::copy(wv.begin(), wv.end(), w.data());
         std::copy(bv.begin(), bv.end(), bias.data());
-        const int64_t panels = (s.m + k.linear_panel_rows - 1) / k.linear_panel_rows;
+        const int64_t panels = (s.m + k.panel_rows - 1) / k.panel_rows;
         std::vector<float> packed_store(
-            static_cast<size_t>(panels * k.linear_panel_rows * s.kk + 16));
+            static_cast<size_t>(panels * k.panel_rows * s.kk + 16));
         float* packed = packed_store.data() +
                         (16 - reinterpret_cast<uintptr_t>(packed_store.data()) / 4 % 16) % 16;
         std::vector<float> y(static_cast<size_t>(s.m * ldy), kSentinel);
         const float* b = with_bias ? bias.data() : nullptr;
-        k.linear_pack_f32(s.m, s.kk, x.data(), ldx, 0, panels, packed);
-        k.linear_packed_f32(s.m, s.kk, packed, 0, panels, w.data(), s.kk, 0, s.n, b, y.data(), ldy);
+        k.pack(s.m, s.kk, x.data(), ldx, 0, panels, packed);
+        k.packed(s.m, s.kk, packed, 0, panels, w.data(), s.kk, 0, s.n, b, y.data(), ldy);
         int bad = 0;
         for (int64_t i = 0; i < s.m; ++i) {
           for (int64_t j = 0; j < ldy; ++j) {
@@ -955,10 +957,10 @@ BOOST_AUTO_TEST_CASE(linear_packed_matches_float64_and_any_split) {
                          (16 - reinterpret_cast<uintptr_t>(packed2_store.data()) / 4 % 16) % 16;
         std::vector<float> y2(y.size(), kSentinel);
         for (int64_t p = 0; p < panels; ++p) {
-          k.linear_pack_f32(s.m, s.kk, x.data(), ldx, p, p + 1, packed2);
+          k.pack(s.m, s.kk, x.data(), ldx, p, p + 1, packed2);
           for (int64_t n0 = 0; n0 < s.n; n0 += 7)
-            k.linear_packed_f32(s.m, s.kk, packed2, p, p + 1, w.data(), s.kk, n0,
-                                std::min(s.n, n0 + 7), b, y2.data(), ldy);
+            k.packed(s.m, s.kk, packed2, p, p + 1, w.data(), s.kk, n0, std::min(s.n, n0 + 7), b,
+                     y2.data(), ldy);
         }
         int differ = 0;
         for (size_t i = 0; i < y.size(); ++i) differ += bits_of(y[i]) != bits_of(y2[i]);

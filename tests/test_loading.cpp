@@ -7,7 +7,7 @@
 #include <map>
 #include <string>
 
-#include "core/device.h"
+#include "core/allocator.h"
 #include "core/random.h"
 #include "io/network_file.h"
 #include "io/safetensors.h"
@@ -151,16 +151,16 @@ BOOST_AUTO_TEST_CASE(zeros_are_zero_on_fresh_and_reused_blocks) {
     BOOST_TEST(nonzero == 0, "n = " << n);
     BOOST_TEST(reinterpret_cast<uintptr_t>(p) % 64 == 0);
   }
-  // allocate_zeroed directly, through the device interface.
-  Device& d = cpu_device();
-  void* a = d.allocate(5 << 20);
+  // allocate_zeroed directly, through the allocator interface.
+  Allocator& host = host_allocator();
+  void* a = host.allocate(5 << 20);
   std::memset(a, 0xAB, 5 << 20);
-  d.deallocate(a);
-  auto* b = static_cast<unsigned char*>(d.allocate_zeroed(5 << 20));
+  host.deallocate(a);
+  auto* b = static_cast<unsigned char*>(host.allocate_zeroed(5 << 20));
   size_t nonzero = 0;
   for (size_t i = 0; i < (5u << 20); ++i) nonzero += b[i] != 0;
   BOOST_TEST(nonzero == 0u);
-  d.deallocate(b);
+  host.deallocate(b);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -249,25 +249,60 @@ BOOST_AUTO_TEST_CASE(wrap_keeps_owner_alive) {
   BOOST_TEST(weak.expired());
 }
 
+// A factory given an allocator takes its memory from it and gives it back to it; borrowed
+// storage has none.
+BOOST_AUTO_TEST_CASE(factories_allocate_from_the_given_allocator) {
+  struct Counting final : Allocator {
+    int live = 0, zeroed = 0;
+    void* allocate(size_t bytes) override {
+      ++live;
+      return host_allocator().allocate(bytes);
+    }
+    void* allocate_zeroed(size_t bytes) override {
+      ++live, ++zeroed;
+      return host_allocator().allocate_zeroed(bytes);
+    }
+    void deallocate(void* p) noexcept override {
+      --live;
+      host_allocator().deallocate(p);
+    }
+  } counting;
+  {
+    const Tensor z = Tensor::zeros({3, 5}, DType::F32, counting);
+    const Tensor f = Tensor::full({2}, 1.5, DType::F64, counting);
+    const Tensor v = Tensor::from_vector<int32_t>({1, 2, 3}, {3}, counting);
+    BOOST_TEST(counting.live == 3);
+    BOOST_TEST(counting.zeroed == 1);
+    BOOST_TEST(z.storage()->allocator() == &counting);
+    BOOST_TEST(z.item({2, 4}) == 0.0);
+    BOOST_TEST(f.item({1}) == 1.5);
+    BOOST_TEST(v.item({2}) == 3.0);
+    BOOST_TEST(Tensor::empty({2}).storage()->allocator() == &host_allocator());
+    float data[2] = {1, 2};
+    BOOST_TEST(Tensor::wrap(data, {2}, DType::F32, nullptr).storage()->allocator() == nullptr);
+  }
+  BOOST_TEST(counting.live == 0);
+}
+
 BOOST_AUTO_TEST_CASE(large_blocks_are_reused) {
   // Blocks >= 1 MiB are cached on free so repeated forwards do not fault in fresh pages.
-  Device& dev = cpu_device();
+  Allocator& host = host_allocator();
   const size_t bytes = size_t{6} << 20;
-  void* a = dev.allocate(bytes);
+  void* a = host.allocate(bytes);
   BOOST_TEST(reinterpret_cast<uintptr_t>(a) % 64 == 0);
   std::memset(a, 1, bytes);
-  dev.deallocate(a);
-  void* b = dev.allocate(bytes - 4096);  // a slightly smaller request reuses the block
+  host.deallocate(a);
+  void* b = host.allocate(bytes - 4096);  // a slightly smaller request reuses the block
   BOOST_TEST(a == b);
-  void* c = dev.allocate(bytes);  // the block is taken: a fresh one
+  void* c = host.allocate(bytes);  // the block is taken: a fresh one
   BOOST_TEST(c != b);
   std::memset(c, 2, bytes);
-  dev.deallocate(b);
-  dev.deallocate(c);
-  void* d = dev.allocate(size_t{64} << 20);  // nothing cached that large: fresh
+  host.deallocate(b);
+  host.deallocate(c);
+  void* d = host.allocate(size_t{64} << 20);  // nothing cached that large: fresh
   BOOST_TEST(d != a);
   BOOST_TEST(d != c);
-  dev.deallocate(d);
+  host.deallocate(d);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -19,12 +19,14 @@ void gemm_batched_f32(int64_t batch, bool trans_a, bool trans_b, int64_t m, int6
                       int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
                       int64_t stride_c);
 
-// linear_f32.cc: y = x w^T + bias with x packed in panels (contract: core/kernels.h).
+// linear_f32.cc: y = x w^T + bias with x packed in panels, float32 weights: the F32 entry of
+// KernelTable::linear (contract: LinearKernels, core/kernels.h). w is float32, untyped only to
+// share the table's signature with other weight dtypes.
 constexpr int64_t kLinearPanelRows = 32;
 void linear_pack_f32(int64_t m, int64_t k, const float* x, int64_t ldx, int64_t p0, int64_t p1,
                      float* packed);
 void linear_packed_f32(int64_t m, int64_t k, const float* packed, int64_t p0, int64_t p1,
-                       const float* w, int64_t ldw, int64_t n0, int64_t n1, const float* bias,
+                       const void* w, int64_t ldw, int64_t n0, int64_t n1, const float* bias,
                        float* y, int64_t ldy);
 
 // softmax_f32.cc
@@ -44,11 +46,5 @@ void layer_norm_rows_f32(int64_t rows, int64_t cols, const float* x, int64_t x_s
 const NamedUnaryMapF32* unary_maps_f32(int64_t* count);
 // The HWY_TARGET the Highway kernels dispatch to right now (one bit, e.g. HWY_AVX3).
 int64_t dispatched_target();
-
-// convert.cc
-void convert_f16_to_f32(int64_t n, const uint16_t* in, float* out);
-void convert_f32_to_f16(int64_t n, const float* in, uint16_t* out);
-void convert_bf16_to_f32(int64_t n, const uint16_t* in, float* out);
-void convert_f32_to_bf16(int64_t n, const float* in, uint16_t* out);
 
 }  // namespace tessera::cpu

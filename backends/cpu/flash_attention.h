@@ -2,12 +2,12 @@
 // functions KernelTable::flash_attention_f32 / flash_attention_scratch_floats point at. The
 // kernel re-dispatches on every call (HWY_DYNAMIC_DISPATCH), so a test that narrows the targets
 // with hwy::SetSupportedTargetsForTest reaches each compiled SIMD target through it.
-// Contract: core/kernels.h (FlashAttentionTile).
+// Contract: core/kernels.h and core/attention_tile.h (FlashAttentionTile).
 #pragma once
 
 #include <cstdint>
 
-#include "core/kernels.h"
+#include "core/attention_tile.h"
 
 namespace tessera::cpu {
 

@@ -40,8 +40,9 @@
 //   next block prefetched while this one computes. (The rest of the TLB cost goes away if the
 //   caller's QKV buffer is on huge pages: +15-25% at T = 4096 with madvise(MADV_HUGEPAGE).)
 //
-// Semantics (core/kernels.h): rows whose visible scores are all -inf, and rows that see no key,
-// get zeros; a NaN score makes its row NaN (ExpNonPositive keeps NaN; see below).
+// Semantics (core/kernels.h, core/attention_tile.h): rows whose visible scores are all -inf,
+// and rows that see no key, get zeros; a NaN score makes its row NaN (ExpNonPositiveF32 in
+// math_f32-inl.h keeps NaN).
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backends/cpu/flash_attention_f32.cc"
@@ -56,7 +57,8 @@
 #include <limits>
 
 #include "backends/cpu/flash_attention.h"
-#include "core/kernels.h"
+#include "backends/cpu/math_f32-inl.h"
+#include "core/attention_tile.h"
 
 // Scratch layout, shared by every target and by flash_attention_scratch_floats_cpu.
 #ifndef TESSERA_BACKENDS_CPU_FLASH_ATTENTION_LAYOUT_
@@ -142,36 +144,6 @@ constexpr size_t kPvRows = hn::MaxLanes(DF()) >= 4 ? 4 : 1;
 static_assert(kKeyBlock % kScoreKeys == 0, "score groups tile the key block");
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// e^x for the softmax domain x <= 0, plus x = -inf -> 0 and x = NaN -> NaN.
-// x = n ln2 + r with n = round(x / ln2), |r| <= ln2/2; e^r = 1 + r P(r), P of degree 4 fitted
-// (Remez, relative error) on that interval: 4.4e-7 with float coefficients, 5.2e-7 measured
-// in float arithmetic by the flash_attention/exp_nonpositive test over [-87.3, 0]; one Horner
-// step and all special-case logic short of a 1-ulp exp. Below -87.34 the result is 0
-// (e^-87.34 = 2^-126 is the smallest normal float: no subnormal is ever formed), an absolute
-// error under 1.2e-38. hn::Exp would return 0 for NaN and silently drop a NaN score from its
-// row; here r is NaN, so is P, and the scaling multiply keeps it.
-HWY_INLINE VF ExpNonPositive(DF d, VF x) {
-  const DI di;
-  // Adding 1.5 * 2^23 rounds x/ln2 to an integer (a float that large has no fraction bits) and
-  // leaves n in the low mantissa bits of t.
-  const VF shifter = hn::Set(d, 0x1.8p23f);
-  const VF t = hn::MulAdd(x, hn::Set(d, 0x1.715476p+0f), shifter);
-  const VF n = hn::Sub(t, shifter);
-  // Cody-Waite: ln2_hi has 17 significant bits, so n * ln2_hi is exact for |n| <= 127.
-  VF r = hn::NegMulAdd(n, hn::Set(d, 0x1.62e4p-1f), x);
-  r = hn::NegMulAdd(n, hn::Set(d, 0x1.7f7d1cp-20f), r);
-  VF p = hn::Set(d, 0x1.c7b170p-8f);
-  p = hn::MulAdd(p, r, hn::Set(d, 0x1.570ad0p-5f));
-  p = hn::MulAdd(p, r, hn::Set(d, 0x1.55c360p-3f));
-  p = hn::MulAdd(p, r, hn::Set(d, 0x1.fffe5cp-2f));
-  p = hn::MulAdd(p, r, hn::Set(d, 0x1.ffff2ep-1f));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
-  // 2^n: exponent field n + 127 (>= 1 for x >= -87.34). t's own bits 0x4B400000 shift out of
-  // the 32-bit lane. A float multiply, not an integer add into p's exponent, keeps NaN a NaN.
-  const VF pow2n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127))));
-  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.33654f)), hn::Mul(p, pow2n));
-}
 
 // One row block's view of the scratch for one key block.
 struct BlockCtx {
@@ -280,7 +252,7 @@ HWY_INLINE bool FillAdditive(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
   // The gather takes 32-bit lane offsets: row * mask_stride must fit for rows < 32.
   const bool mask_gather = t.mask_stride != 0 && t.mask_stride <= (int64_t{1} << 31) / 32;
 
-  // Bias index (core/kernels.h) split as qbase(q) - koff(s), with
+  // Bias index (core/attention_tile.h) split as qbase(q) - koff(s), with
   //   qbase(q) = (q / W + H - 1)(2W - 1) + q % W + W - 1,  koff(s) = (s / W)(2W - 1) + s % W.
   // koff of this key block is computed once, stepping the grid column (one division, not 32:
   // 32 int64 divisions would cost about half of the block's 2048-cycle score GEMM).
@@ -374,7 +346,7 @@ void RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
     const VF m_old = hn::Load(d, c.m + rv * N);
     const VF m_new = hn::Max(m_old, bm[rv]);
     const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(d, kNegInf)), m_new);
-    const VF alpha = ExpNonPositive(d, hn::Sub(m_old, m_use));
+    const VF alpha = ExpNonPositiveF32(d, hn::Sub(m_old, m_use));
     rescale |= !hn::AllTrue(d, hn::Eq(alpha, hn::Set(d, 1.0f)));
     hn::Store(m_new, d, c.m + rv * N);
     hn::Store(alpha, d, c.alpha + rv * N);
@@ -383,15 +355,15 @@ void RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
     float* HWY_RESTRICT p = c.scores + rv * N;
     size_t j = 0;
     for (; j + 2 <= nk; j += 2) {
-      const VF e0 = ExpNonPositive(d, hn::Sub(hn::Load(d, p + j * c.rb), m_use));
-      const VF e1 = ExpNonPositive(d, hn::Sub(hn::Load(d, p + (j + 1) * c.rb), m_use));
+      const VF e0 = ExpNonPositiveF32(d, hn::Sub(hn::Load(d, p + j * c.rb), m_use));
+      const VF e1 = ExpNonPositiveF32(d, hn::Sub(hn::Load(d, p + (j + 1) * c.rb), m_use));
       hn::Store(e0, d, p + j * c.rb);
       hn::Store(e1, d, p + (j + 1) * c.rb);
       sum0 = hn::Add(sum0, e0);
       sum1 = hn::Add(sum1, e1);
     }
     if (j < nk) {
-      const VF e = ExpNonPositive(d, hn::Sub(hn::Load(d, p + j * c.rb), m_use));
+      const VF e = ExpNonPositiveF32(d, hn::Sub(hn::Load(d, p + j * c.rb), m_use));
       hn::Store(e, d, p + j * c.rb);
       sum0 = hn::Add(sum0, e);
     }
@@ -561,18 +533,18 @@ void FlashAttentionF32(const FlashAttentionTile& t) {
     Panel(t, lay, p0, std::min(lay.panel_rows, t.rows - p0));
 }
 
-// y[i] = ExpNonPositive(x[i]), for the accuracy test of the exp itself.
-void ExpNonPositiveF32(int64_t n, const float* x, float* y) {
+// y[i] = ExpNonPositiveF32(x[i]), for the accuracy test of the exp itself.
+void ExpNonPositiveArrayF32(int64_t n, const float* x, float* y) {
   const DF d;
   const size_t N = hn::Lanes(d);
   size_t i = 0;
   for (; i + N <= static_cast<size_t>(n); i += N)
-    hn::StoreU(ExpNonPositive(d, hn::LoadU(d, x + i)), d, y + i);
+    hn::StoreU(ExpNonPositiveF32(d, hn::LoadU(d, x + i)), d, y + i);
   if (i < static_cast<size_t>(n)) {
     HWY_ALIGN float buf[hn::MaxLanes(DF())] = {};
     const size_t rest = static_cast<size_t>(n) - i;
     std::memcpy(buf, x + i, rest * sizeof(float));
-    hn::Store(ExpNonPositive(d, hn::Load(d, buf)), d, buf);
+    hn::Store(ExpNonPositiveF32(d, hn::Load(d, buf)), d, buf);
     std::memcpy(y + i, buf, rest * sizeof(float));
   }
 }
@@ -583,7 +555,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace tessera {
 HWY_EXPORT(FlashAttentionF32);
-HWY_EXPORT(ExpNonPositiveF32);
+HWY_EXPORT(ExpNonPositiveArrayF32);
 
 namespace cpu {
 
@@ -596,7 +568,7 @@ int64_t flash_attention_scratch_floats_cpu(int64_t rows, int64_t head_dim, int64
 }
 
 void exp_nonpositive_f32(int64_t n, const float* x, float* y) {
-  HWY_DYNAMIC_DISPATCH(ExpNonPositiveF32)(n, x, y);
+  HWY_DYNAMIC_DISPATCH(ExpNonPositiveArrayF32)(n, x, y);
 }
 
 }  // namespace cpu

@@ -139,9 +139,10 @@ void linear_pack_f32(int64_t m, int64_t k, const float* x, int64_t ldx, int64_t 
 }
 
 void linear_packed_f32(int64_t m, int64_t k, const float* packed, int64_t p0, int64_t p1,
-                       const float* w, int64_t ldw, int64_t n0, int64_t n1, const float* bias,
+                       const void* w, int64_t ldw, int64_t n0, int64_t n1, const float* bias,
                        float* y, int64_t ldy) {
-  HWY_DYNAMIC_DISPATCH(LinearPackedF32)(m, k, packed, p0, p1, w, ldw, n0, n1, bias, y, ldy);
+  HWY_DYNAMIC_DISPATCH(LinearPackedF32)
+  (m, k, packed, p0, p1, static_cast<const float*>(w), ldw, n0, n1, bias, y, ldy);
 }
 
 }  // namespace cpu

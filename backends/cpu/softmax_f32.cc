@@ -27,6 +27,7 @@
 #include <limits>
 
 #include "backends/cpu/math_f32-inl.h"
+#include "core/simd_tail-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tessera::HWY_NAMESPACE {

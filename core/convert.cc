@@ -1,20 +1,25 @@
 // f16/bf16 <-> f32 conversions, bit-exact with the scalar reference in core/dtype.cpp on every
 // SIMD target (round to nearest even, subnormals exact, overflow to inf, NaN kept).
 //
+// In core, not in a backend: Tensor::copy_from and to() convert with them, and core reaches no
+// device's kernel table (ggml's fp16 row conversions are likewise part of its core API). The
+// scalar loop instead would cost 7x on f16 -> f32 (3.5 against 0.5 ns per value, measured), a
+// checkpoint's load time.
+//
 // All four are integer bit manipulation rather than Highway's PromoteTo/DemoteTo: those use
 // F16C on AVX2/AVX3 but a different emulation on SSE4/EMU128, F16C quiets a signalling NaN and
 // keeps truncated NaN payloads where the reference does neither, and 1.0.3's bf16 DemoteTo
 // truncates. About 12 integer ops per vector of 16 values keeps even the f32 -> f16 direction
 // at memory speed.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "backends/cpu/convert.cc"
+#define HWY_TARGET_INCLUDE "core/convert.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
 #include <cstddef>
 #include <cstdint>
 
-#include "backends/cpu/math_f32-inl.h"
+#include "core/simd_tail-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tessera::HWY_NAMESPACE {
@@ -92,61 +97,53 @@ HWY_INLINE VU FloatBitsToBfloat16Bits(VU u) {
 // u32 lanes holding values < 2^16 -> u16 lanes (saturating demote from i32: exact here).
 HWY_INLINE hn::Vec<DU16> NarrowToU16(VU v) { return hn::DemoteTo(DU16(), hn::BitCast(DI(), v)); }
 
-void ConvertF16ToF32(int64_t count, const uint16_t* in, float* out) {
-  const DF df;
-  const DU16 du16;
-  const size_t N = hn::Lanes(df);
-  if (count <= 0) return;
-  const size_t n = static_cast<size_t>(count);
-  const auto convert = [&](hn::Vec<DU16> h) HWY_ATTR {
-    return hn::BitCast(df, HalfBitsToFloatBits(hn::PromoteTo(DU(), h)));
-  };
+// n values through `convert` (din's vector -> dout's, as many lanes), the tail through a
+// stack copy.
+template <class DIn, class DOut, class Convert>
+HWY_INLINE void ConvertRow(DIn din, DOut dout, size_t n, const hn::TFromD<DIn>* in,
+                           hn::TFromD<DOut>* out, const Convert& convert) {
+  const size_t N = hn::Lanes(din);
   size_t i = 0;
-  for (; i + N <= n; i += N) hn::StoreU(convert(hn::LoadU(du16, in + i)), df, out + i);
-  if (i < n) StoreTail(df, convert(LoadTail(du16, in + i, n - i, uint16_t{0})), out + i, n - i);
+  for (; i + N <= n; i += N) hn::StoreU(convert(hn::LoadU(din, in + i)), dout, out + i);
+  if (i < n) {
+    StoreTail(dout, convert(LoadTail(din, in + i, n - i, hn::TFromD<DIn>{0})), out + i, n - i);
+  }
+}
+
+void ConvertF16ToF32(int64_t count, const uint16_t* in, float* out) {
+  if (count <= 0) return;
+  ConvertRow(DU16(), DF(), static_cast<size_t>(count), in, out, [](hn::Vec<DU16> h) HWY_ATTR {
+    return hn::BitCast(DF(), HalfBitsToFloatBits(hn::PromoteTo(DU(), h)));
+  });
 }
 
 void ConvertBf16ToF32(int64_t count, const uint16_t* in, float* out) {
-  const DF df;
-  const DU16 du16;
-  const size_t N = hn::Lanes(df);
   if (count <= 0) return;
-  const size_t n = static_cast<size_t>(count);
-  const auto convert = [&](hn::Vec<DU16> h) HWY_ATTR {
-    return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(DU(), h)));
-  };
-  size_t i = 0;
-  for (; i + N <= n; i += N) hn::StoreU(convert(hn::LoadU(du16, in + i)), df, out + i);
-  if (i < n) StoreTail(df, convert(LoadTail(du16, in + i, n - i, uint16_t{0})), out + i, n - i);
-}
-
-template <VU (*kToBits)(VU)>
-HWY_INLINE void ConvertFromF32(size_t n, const float* in, uint16_t* out) {
-  const DF df;
-  const DU16 du16;
-  const size_t N = hn::Lanes(df);
-  const auto convert = [&](hn::Vec<DF> v)
-                           HWY_ATTR { return NarrowToU16(kToBits(hn::BitCast(DU(), v))); };
-  size_t i = 0;
-  for (; i + N <= n; i += N) hn::StoreU(convert(hn::LoadU(df, in + i)), du16, out + i);
-  if (i < n) StoreTail(du16, convert(LoadTail(df, in + i, n - i, 0.0f)), out + i, n - i);
+  // bf16 is the upper half of an f32.
+  ConvertRow(DU16(), DF(), static_cast<size_t>(count), in, out, [](hn::Vec<DU16> h) HWY_ATTR {
+    return hn::BitCast(DF(), hn::ShiftLeft<16>(hn::PromoteTo(DU(), h)));
+  });
 }
 
 void ConvertF32ToF16(int64_t count, const float* in, uint16_t* out) {
   if (count <= 0) return;
-  ConvertFromF32<FloatBitsToHalfBits>(static_cast<size_t>(count), in, out);
+  ConvertRow(DF(), DU16(), static_cast<size_t>(count), in, out, [](hn::Vec<DF> v) HWY_ATTR {
+    return NarrowToU16(FloatBitsToHalfBits(hn::BitCast(DU(), v)));
+  });
 }
 
 void ConvertF32ToBf16(int64_t count, const float* in, uint16_t* out) {
   if (count <= 0) return;
-  ConvertFromF32<FloatBitsToBfloat16Bits>(static_cast<size_t>(count), in, out);
+  ConvertRow(DF(), DU16(), static_cast<size_t>(count), in, out, [](hn::Vec<DF> v) HWY_ATTR {
+    return NarrowToU16(FloatBitsToBfloat16Bits(hn::BitCast(DU(), v)));
+  });
 }
 
 }  // namespace tessera::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include "backends/cpu/cpu_kernels.h"
+#include "core/dtype.h"
 
 namespace tessera {
 HWY_EXPORT(ConvertF16ToF32);
@@ -154,7 +151,6 @@ HWY_EXPORT(ConvertF32ToF16);
 HWY_EXPORT(ConvertBf16ToF32);
 HWY_EXPORT(ConvertF32ToBf16);
 
-namespace cpu {
 void convert_f16_to_f32(int64_t n, const uint16_t* in, float* out) {
   HWY_DYNAMIC_DISPATCH(ConvertF16ToF32)(n, in, out);
 }
@@ -167,6 +163,5 @@ void convert_bf16_to_f32(int64_t n, const uint16_t* in, float* out) {
 void convert_f32_to_bf16(int64_t n, const float* in, uint16_t* out) {
   HWY_DYNAMIC_DISPATCH(ConvertF32ToBf16)(n, in, out);
 }
-}  // namespace cpu
 }  // namespace tessera
 #endif  // HWY_ONCE

@@ -1,0 +1,27 @@
+// Where a Tensor's bytes come from. Tensor factories take an Allocator (host_allocator() by
+// default), so core needs no device to make a tensor, and a caller that owns memory (a plan's
+// workspace, a device with memory of its own) hands its allocator to the factories instead.
+#pragma once
+
+#include <cstddef>
+
+namespace tessera {
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // 64-byte aligned (one cache line, one AVX-512 vector); never returns null, also for 0 bytes
+  // (throws Error on failure).
+  virtual void* allocate(size_t bytes) = 0;
+  // As allocate(), with every byte zero. An allocator that gets zeroed memory from the OS
+  // overrides this to skip the memset: the pages are then not even touched until written.
+  virtual void* allocate_zeroed(size_t bytes);
+  // p from allocate/allocate_zeroed of this allocator, or null (ignored).
+  virtual void deallocate(void* p) noexcept = 0;
+};
+
+// The process-wide host allocator: aligned_alloc below 1 MiB; from 1 MiB, 2 MiB-aligned mmap
+// blocks on transparent huge pages, cached on free (up to 512 MiB) and reused. Thread-safe.
+Allocator& host_allocator();
+
+}  // namespace tessera

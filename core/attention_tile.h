@@ -1,0 +1,49 @@
+// The argument of KernelTable::flash_attention_f32 (core/kernels.h): one query tile of one
+// (batch, head), and the relative-position index formula its bias lookup uses. Included by the
+// attention core (layers/) that builds tiles and by the kernels that read them.
+#pragma once
+
+#include <cstdint>
+
+namespace tessera {
+
+// Index into a relative-position bias table for self-attention over a grid_h x grid_w token grid
+// (tokens row-major: position p is grid cell (p / grid_w, p % grid_w)): query q, key s ->
+//   (qy - sy + grid_h - 1) * (2 grid_w - 1) + (qx - sx + grid_w - 1),  in [0, (2H-1)(2W-1)).
+// The kernels compute it on the fly; a [T, T] index (128 MiB of int64 at T = 4096) is never built.
+constexpr int64_t relative_position_index(int64_t q, int64_t s, int64_t grid_h, int64_t grid_w) {
+  return (q / grid_w - s / grid_w + grid_h - 1) * (2 * grid_w - 1) + (q % grid_w - s % grid_w) +
+         grid_w - 1;
+}
+
+// One query tile of one (batch, head) for the fused attention kernel: rows of q at positions
+// q_pos0 .. q_pos0+rows-1 against all kv_len keys, online softmax, never materialising
+// [rows, kv_len]. Row r of q/out/mask is at ptr + r*stride; key/value s at ptr + s*stride.
+struct FlashAttentionTile {
+  int64_t rows = 0;
+  int64_t q_pos0 = 0;    // for causal: row r sees keys s <= q_pos0 + r
+  int64_t kv_len = 0;    // S (0: every row gets zeros)
+  int64_t head_dim = 0;  // q/k width
+  int64_t v_head_dim = 0;
+  float scale = 1.0f;  // multiplies q.k before the mask is added
+  const float* q = nullptr;
+  int64_t q_stride = 0;
+  const float* k = nullptr;
+  int64_t k_stride = 0;
+  const float* v = nullptr;
+  int64_t v_stride = 0;
+  const float* mask = nullptr;  // additive [rows, kv_len], columns contiguous; may be null
+  int64_t mask_stride = 0;      // may be 0 (one row for all)
+  // Optional relative-position bias, added like the mask (both may be set: their sum is
+  // added): query q_pos0 + r and key s, both < grid_h * grid_w, get
+  // rel_table[relative_position_index(q_pos0 + r, s, grid_h, grid_w)]. This head's
+  // [(2 grid_h - 1) * (2 grid_w - 1)] floats, contiguous.
+  const float* rel_table = nullptr;
+  int64_t grid_h = 0, grid_w = 0;
+  bool causal = false;
+  float* out = nullptr;  // [rows, v_head_dim]
+  int64_t out_stride = 0;
+  float* scratch = nullptr;  // flash_attention_scratch_floats(...) floats, 64-byte aligned
+};
+
+}  // namespace tessera
