@@ -21,7 +21,9 @@ and --big-reps reps. The reps and warm-ups are the same for both builds. --idle-
 each pair wait up to S seconds for the machine to be quiet first (default: no waiting).
 
 Per row: the median over rounds of each build's per-process median_ms, new/old, the paired
-per-round ratios (new_i / old_i: their range and in how many rounds NEW was slower), and the
+per-round ratios (new_i / old_i: their range and in how many rounds NEW was slower), the CPU time
+per call of each build's processes (user+sys of all threads, start-up included, over warm-ups +
+reps: on a shared machine it moves less with other load than wall time does), and the
 largest peak_rss_mb over the rounds of each build. A row is flagged `SLOWER` when NEW was slower
 in every round and the ratio of medians exceeds 1 + --tolerance; `rss+` when NEW's peak RSS is
 higher by more than 1 MB. Other load on the machine is measured per process as peers.py does
@@ -86,8 +88,9 @@ def parse():
                    help="a row is SLOWER when NEW lost every round and new/old > 1 + this")
     p.add_argument("--probe", default=None,
                    help="fma_probe for the Highway target (default: benchmarks/fma_probe of NEW's build)")
-    p.add_argument("--old-label", default="a11865d", help="what OLD is, for the header")
-    p.add_argument("--new-label", default=None, help="what NEW is (default: git describe of this checkout)")
+    p.add_argument("--old-label", default="(no --old-label)", help="what OLD was built from, for the header")
+    p.add_argument("--new-label", default=None,
+                   help="what NEW was built from (default: git describe of this checkout)")
     p.add_argument("--out", default=None, help="also write the report here")
     a = p.parse_args()
     if a.all:
@@ -123,6 +126,7 @@ def run_bench(exe, net, B, T, D, n, warm, reps):
             rec = json.loads(line)
     if p.returncode != 0 or rec is None:
         raise SystemExit(f"failed (exit {p.returncode}): {' '.join(map(shlex.quote, cmd))}\n{p.stderr}")
+    rec["cpu_ms_per_call"] = own * 1e3 / (warm + reps)
     return rec, {"wall_s": wall, "foreign": foreign}
 
 
@@ -237,6 +241,8 @@ def main():
         o, n = statistics.median(om), statistics.median(nm)
         paired = [y / x for x, y in zip(om, nm)]
         lost = sum(1 for p in paired if p > 1)
+        oc = statistics.median(x["cpu_ms_per_call"] for x in r["old"])
+        nc = statistics.median(x["cpu_ms_per_call"] for x in r["new"])
         orss = max(x["peak_rss_mb"] for x in r["old"])
         nrss = max(x["peak_rss_mb"] for x in r["new"])
         ratio = n / o
@@ -255,10 +261,11 @@ def main():
             name, str(r["causal"]), str(r["threads"]), f"{r['warmup']}+{r['reps']}",
             f"{o:.3f}", f"{n:.3f}", f"{ratio:.3f}",
             f"{min(paired):.3f}..{max(paired):.3f}", f"{lost}/{len(paired)}",
-            f"{spread(om):.1f}/{spread(nm):.1f}",
+            f"{spread(om):.1f}/{spread(nm):.1f}", f"{oc:.2f}", f"{nc:.2f}", f"{nc / oc:.3f}",
             f"{orss:.1f}", f"{nrss:.1f}", f"{max(r['foreign']):.2f}", " ".join(flag)])
     hdr = ["B,T,D,H", "causal", "thr", "warm+reps", "old ms", "new ms", "new/old", "paired new/old",
-           "new slower", "spread % old/new", "old RSS MB", "new RSS MB", "other load", "flag"]
+           "new slower", "spread % old/new",
+           "old CPU ms", "new CPU ms", "CPU new/old", "old RSS MB", "new RSS MB", "other load", "flag"]
     report = "\n".join([
         head,
         f"# command: cd {REPO} && {cmdline}",
@@ -266,7 +273,9 @@ def main():
         f"the same warm-up + reps; target_s={a.target_s} warmup_s={a.warmup_s} min_reps={a.min_reps} "
         f"(rows slower than {a.big_s:g} s a call: 1 warm-up + {a.big_reps} reps)",
         "# old/new ms = median over rounds of the process's median_ms; paired = range of new_i/old_i over "
-        "rounds; spread = (max-min)/median of the per-round medians; RSS = largest peak_rss_mb over rounds; "
+        "rounds; spread = (max-min)/median of the per-round medians; CPU ms = the process's CPU time (user+sys, "
+        "all threads, start-up included) / (warm-ups + reps), median over rounds: less sensitive to other "
+        "load than wall time; RSS = largest peak_rss_mb over rounds; "
         "other load = largest CPU use of other processes during one of the row's processes, in cores "
         f"(of {os.cpu_count()})",
         f"# loadavg start {load0}, end {load1}; wall {wall:.1f} min; waited {waited:.0f} s for a quiet machine "
