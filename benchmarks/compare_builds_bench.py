@@ -42,6 +42,7 @@ import os
 import re
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -230,6 +231,7 @@ def main():
                 r["foreign"].append(info["foreign"])
             log(f"round {k + 1}/{a.rounds} {r['B']},{r['T']},{r['D']},{r['H']} c={r['causal']} t={r['threads']}: "
                 f"old {r['old'][-1]['median_ms']:.3f} new {r['new'][-1]['median_ms']:.3f} ms")
+    shutil.rmtree(work, ignore_errors=True)
     load1 = " ".join(f"{x:.2f}" for x in os.getloadavg())
     wall = (time.time() - t_start) / 60
 
