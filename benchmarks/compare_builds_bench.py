@@ -25,7 +25,7 @@ per-round ratios (new_i / old_i: their range and in how many rounds NEW was slow
 per call of each build's processes (user+sys of all threads, start-up included, over warm-ups +
 reps: on a shared machine it moves less with other load than wall time does), and the
 largest peak_rss_mb over the rounds of each build. A row is flagged `SLOWER` when NEW was slower
-in every round and the ratio of medians exceeds 1 + --tolerance; `rss+` when NEW's peak RSS is
+in every round (of at least 3) and the ratio of medians exceeds 1 + --tolerance; `rss+` when NEW's peak RSS is
 higher by more than 1 MB. Other load on the machine is measured per process as peers.py does
 (CPU time of other processes during it, in cores) and the row's largest value is printed.
 
@@ -250,7 +250,7 @@ def main():
         ratio = n / o
         name = f"{r['B']},{r['T']},{r['D']},{r['H']}"
         flag = []
-        if lost == len(paired) and ratio > 1 + a.tolerance:
+        if len(paired) >= 3 and lost == len(paired) and ratio > 1 + a.tolerance:
             flag.append("SLOWER")
             slower.append(f"{name} c={r['causal']} t={r['threads']}")
         if nrss > orss + 1.0:
