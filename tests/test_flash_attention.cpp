@@ -30,6 +30,7 @@
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/flash_attention.h"
 #include "core/attention_tile.h"
+#include "tests/targets.h"
 
 namespace tessera {
 namespace {
@@ -37,15 +38,6 @@ namespace {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kSentinel = 12345.5f;
-
-// Compiled targets this CPU runs, best first.
-std::vector<int64_t> Targets() {
-  std::vector<int64_t> out;
-  const int64_t all = hwy::SupportedTargets() & HWY_TARGETS;
-  for (int64_t bit = 1; bit != 0 && bit <= all; bit <<= 1)
-    if (all & bit) out.push_back(bit);
-  return out;
-}
 
 // Worst error / tolerance seen per target in the current test case, logged when it ends (so
 // the log shows the margin, not just a pass).
@@ -61,11 +53,6 @@ struct LogWorstError {
     BOOST_TEST_MESSAGE("worst error / tolerance:" << os.str());
     WorstRatio().clear();
   }
-};
-
-// Restores hwy's own target choice when a test ends, also on failure.
-struct TargetReset {
-  ~TargetReset() { hwy::SetSupportedTargetsForTest(0); }
 };
 
 struct Problem {
@@ -224,7 +211,7 @@ void Check(Problem& p) {
     if (!std::isnan(x)) ref_max = std::max(ref_max, std::fabs(x));
   const double tol = 2e-6 * std::max(1.0, ref_max);
   TargetReset reset;
-  for (const int64_t target : Targets()) {
+  for (const int64_t target : compiled_targets()) {
     hwy::SetSupportedTargetsForTest(target);
     const std::vector<float> out = Run(p);
     double err = 0.0;
@@ -257,7 +244,7 @@ void Check(Problem& p) {
 BOOST_AUTO_TEST_SUITE(flash_attention)
 
 BOOST_AUTO_TEST_CASE(targets_reach_the_kernel) {
-  const std::vector<int64_t> targets = Targets();
+  const std::vector<int64_t> targets = compiled_targets();
   TargetReset reset;
   std::string names;
   for (const int64_t target : targets) {
@@ -547,7 +534,7 @@ BOOST_AUTO_TEST_CASE(exp_nonpositive) {
   x.push_back(-kInf);
   x.push_back(kNaN);
   std::vector<float> y(x.size());
-  for (const int64_t target : Targets()) {
+  for (const int64_t target : compiled_targets()) {
     hwy::SetSupportedTargetsForTest(target);
     std::fill(y.begin(), y.end(), kSentinel);
     cpu::exp_nonpositive_f32(static_cast<int64_t>(x.size()), x.data(), y.data());

@@ -42,6 +42,7 @@
 #include "core/error.h"
 #include "core/kernels.h"
 #include "core/random.h"
+#include "tests/targets.h"
 
 using namespace tessera;
 
@@ -61,21 +62,15 @@ std::vector<int64_t> test_lengths() {
   return n;
 }
 
-// Restores hwy's real target set even when a BOOST_REQUIRE throws out of the loop body.
-struct TargetReset {
-  ~TargetReset() { hwy::SetSupportedTargetsForTest(0); }
-};
-
 // Runs fn once per SIMD target compiled here and supported by this CPU; the kernels re-dispatch
 // on their next call. Checks that they really did, via the device's report.
 template <class Fn>
 void for_each_target(const char* what, Fn&& fn) {
-  const int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
-  BOOST_REQUIRE(targets != 0);
+  const std::vector<int64_t> targets = compiled_targets();
+  BOOST_REQUIRE(!targets.empty());
   TargetReset reset;
   std::string names;
-  for (int64_t rest = targets; rest != 0; rest &= rest - 1) {
-    const int64_t target = rest & -rest;
+  for (const int64_t target : targets) {
     hwy::SetSupportedTargetsForTest(target);
     BOOST_TEST_CONTEXT(what << " on " << hwy::TargetName(target)) {
       fn();

@@ -2,10 +2,11 @@
 //  - the PyTorch fixtures of tests/fixtures/gen_mha_fixtures.py (torch 1.13 float32 outputs, or
 //    float64 formula outputs where 1.13 predates the 2.x rules), at the page's tolerance
 //    max |ours - torch| <= 1e-5 * max(1, max |torch|);
-//  - an independent float64 reference written below with naive loops straight from the page's
-//    formulas, on random configurations: relative Frobenius error <= 1e-6, plus properties that
-//    need no reference (batch_first transpose, unbatched == batch of one, bool == -inf float mask,
-//    per-head weights average to the averaged ones, rows sum to 1 or are all zero);
+//  - an independent float64 reference with naive loops straight from the page's formulas
+//    (tests/reference.cpp, shared with the ops suite), on random configurations: relative
+//    Frobenius error <= 1e-6, plus properties that need no reference (batch_first transpose,
+//    unbatched == batch of one, bool == -inf float mask, per-head weights average to the averaged
+//    ones, rows sum to 1 or are all zero);
 //  - every error path (E_CONSTRAINT, E_SHAPE, E_DTYPE, E_UNSUPPORTED, E_WEIGHTS, E_ARG);
 //  - four threads calling forward on one module at once.
 // Run with --log_level=message to see the worst errors measured.
@@ -26,6 +27,7 @@
 #include "core/tensor.h"
 #include "io/safetensors.h"
 #include "layers/multihead_attention.h"
+#include "tests/reference.h"
 
 using namespace tessera;
 
@@ -186,159 +188,13 @@ MultiheadAttentionOutput run_fixture(const MultiheadAttention& m, const Fixture&
 
 // ------------------------------------------------------------------- float64 reference
 
-// The page's formulas with naive loops in double, reading the module's parameters and the call's
-// inputs. Weights are [N, H, L, S'] whatever the input layout; the output is laid out like the
-// query.
-struct Reference {
-  std::vector<double> out;
-  std::vector<double> weights;
-  int64_t N = 0, H = 0, L = 0, Sp = 0;
-  // Averaged over heads ([N, L, S']) or per head, as the module returns them.
-  std::vector<double> returned_weights(bool average) const {
-    if (!average) return weights;
-    std::vector<double> avg(static_cast<size_t>(N * L * Sp), 0.0);
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t i = 0; i < L * Sp; ++i)
-          avg[n * L * Sp + i] += weights[(n * H + h) * L * Sp + i];
-    for (double& v : avg) v /= static_cast<double>(H);
-    return avg;
-  }
-};
-
-Reference reference_forward(const MultiheadAttention& m, const Tensor& query, const Tensor& key_in,
-                            const Tensor& value_in, const Tensor& kpm, const Tensor& attn_mask,
-                            bool is_causal) {
-  const MultiheadAttentionOptions& o = m.options();
-  const Tensor& key = key_in.defined() ? key_in : query;
-  const Tensor& value = value_in.defined() ? value_in : key;
-  const int64_t E = o.embed_dim, H = o.num_heads, D = E / H;
-  const bool batched = query.dim() == 3, bf = batched && o.batch_first;
-  const int64_t L = query.size(bf ? 1 : 0), S = key.size(bf ? 1 : 0);
-  const int64_t N = batched ? query.size(bf ? 0 : 1) : 1;
-  const int64_t kd = key.size(-1), vd = value.size(-1);
-  const int64_t Sp = S + (o.add_bias_kv ? 1 : 0) + (o.add_zero_attn ? 1 : 0);
-  const std::vector<double> xq = query.to_double_vector(), xk = key.to_double_vector(),
-                            xv = value.to_double_vector();
-  // Element (t, n, c) of a [T, N, C] / [N, T, C] / [T, C] input.
-  auto at = [&](const std::vector<double>& x, int64_t T, int64_t C, int64_t t, int64_t n,
-                int64_t c) {
-    if (!batched) return x[t * C + c];
-    return bf ? x[(n * T + t) * C + c] : x[(t * N + n) * C + c];
-  };
-  const auto state = m.state_dict();
-  auto param = [&](const std::string& name) {
-    auto it = state.find(name);
-    return it == state.end() ? std::vector<double>() : it->second.to_double_vector();
-  };
-  std::vector<double> wq, wk, wv;
-  if (m.packed_in_proj()) {
-    const std::vector<double> w = param("in_proj_weight");
-    wq.assign(w.begin(), w.begin() + E * E);
-    wk.assign(w.begin() + E * E, w.begin() + 2 * E * E);
-    wv.assign(w.begin() + 2 * E * E, w.end());
-  } else {
-    wq = param("q_proj_weight");
-    wk = param("k_proj_weight");
-    wv = param("v_proj_weight");
-  }
-  std::vector<double> b_in = param("in_proj_bias");
-  if (b_in.empty()) b_in.assign(static_cast<size_t>(3 * E), 0.0);
-  const std::vector<double> wo = param("out_proj.weight");
-  std::vector<double> bo = param("out_proj.bias");
-  if (bo.empty()) bo.assign(static_cast<size_t>(E), 0.0);
-
-  // Projections, [N][T][E]; appended key/value positions: bias then zero.
-  std::vector<double> q(N * L * E), k(N * Sp * E, 0.0), v(N * Sp * E, 0.0);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t e = 0; e < E; ++e) {
-      for (int64_t l = 0; l < L; ++l) {
-        double s = b_in[e];
-        for (int64_t c = 0; c < E; ++c) s += at(xq, L, E, l, n, c) * wq[e * E + c];
-        q[(n * L + l) * E + e] = s;
-      }
-      for (int64_t t = 0; t < S; ++t) {
-        double sk = b_in[E + e], sv = b_in[2 * E + e];
-        for (int64_t c = 0; c < kd; ++c) sk += at(xk, S, kd, t, n, c) * wk[e * kd + c];
-        for (int64_t c = 0; c < vd; ++c) sv += at(xv, S, vd, t, n, c) * wv[e * vd + c];
-        k[(n * Sp + t) * E + e] = sk;
-        v[(n * Sp + t) * E + e] = sv;
-      }
-      if (o.add_bias_kv) {
-        k[(n * Sp + S) * E + e] = param("bias_k")[e];
-        v[(n * Sp + S) * E + e] = param("bias_v")[e];
-      }
-    }
-
-  // Additive mask [N][H][L][S']; the user's masks cover their own width (S, or S').
-  std::vector<double> mask(N * H * L * Sp, 0.0);
-  if (attn_mask.defined()) {
-    const std::vector<double> am = attn_mask.to_double_vector();
-    const bool is_bool = attn_mask.dtype() == DType::Bool;
-    const int64_t C = attn_mask.size(-1);
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t l = 0; l < L; ++l)
-          for (int64_t s = 0; s < C; ++s) {
-            const int64_t i = attn_mask.dim() == 2 ? l * C + s : ((n * H + h) * L + l) * C + s;
-            mask[((n * H + h) * L + l) * Sp + s] += is_bool ? (am[i] != 0 ? -kInf : 0.0) : am[i];
-          }
-  }
-  if (kpm.defined()) {
-    const std::vector<double> km = kpm.to_double_vector();
-    const bool is_bool = kpm.dtype() == DType::Bool;
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t l = 0; l < L; ++l)
-          for (int64_t s = 0; s < S; ++s) {
-            const double x = km[n * S + s];
-            mask[((n * H + h) * L + l) * Sp + s] += is_bool ? (x != 0 ? -kInf : 0.0) : x;
-          }
-  }
-  if (is_causal && !attn_mask.defined())
-    for (int64_t nhl = 0; nhl < N * H * L; ++nhl)
-      for (int64_t s = nhl % L + 1; s < S; ++s) mask[nhl * Sp + s] = -kInf;
-
-  Reference r;
-  r.N = N;
-  r.H = H;
-  r.L = L;
-  r.Sp = Sp;
-  r.weights.assign(static_cast<size_t>(N * H * L * Sp), 0.0);
-  std::vector<double> attn(N * L * E, 0.0), scores(static_cast<size_t>(Sp));
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t l = 0; l < L; ++l) {
-        double mx = -kInf;
-        for (int64_t s = 0; s < Sp; ++s) {
-          double dot = 0.0;
-          for (int64_t d = 0; d < D; ++d)
-            dot += q[(n * L + l) * E + h * D + d] * k[(n * Sp + s) * E + h * D + d];
-          scores[s] = dot * scale + mask[((n * H + h) * L + l) * Sp + s];
-          mx = std::max(mx, scores[s]);
-        }
-        if (mx == -kInf) continue;  // every key masked (or S' = 0): zero weights, zero output
-        double sum = 0.0;
-        for (int64_t s = 0; s < Sp; ++s) sum += std::exp(scores[s] - mx);
-        double* w = &r.weights[((n * H + h) * L + l) * Sp];
-        for (int64_t s = 0; s < Sp; ++s) w[s] = std::exp(scores[s] - mx) / sum;
-        for (int64_t d = 0; d < D; ++d) {
-          double acc = 0.0;
-          for (int64_t s = 0; s < Sp; ++s) acc += w[s] * v[(n * Sp + s) * E + h * D + d];
-          attn[(n * L + l) * E + h * D + d] = acc;
-        }
-      }
-  r.out.assign(static_cast<size_t>(N * L * E), 0.0);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t l = 0; l < L; ++l)
-      for (int64_t e = 0; e < E; ++e) {
-        double s = bo[e];
-        for (int64_t c = 0; c < E; ++c) s += attn[(n * L + l) * E + c] * wo[e * E + c];
-        const int64_t i = !batched ? l * E + e : bf ? (n * L + l) * E + e : (l * N + n) * E + e;
-        r.out[i] = s;
-      }
-  return r;
+// The page's formulas with naive loops in double (tests/reference.cpp), reading the module's
+// parameters and the call's inputs.
+f64::MhaReference reference_forward(const MultiheadAttention& m, const Tensor& query,
+                                    const Tensor& key, const Tensor& value, const Tensor& kpm,
+                                    const Tensor& attn_mask, bool is_causal) {
+  return f64::multihead_attention(m.options(), m.state_dict(), query, key, value, kpm, attn_mask,
+                                  is_causal);
 }
 
 // ------------------------------------------------------------------- random configurations
@@ -354,31 +210,9 @@ struct RandomCase {
 // Random parameters for every declared slot: unit-variance projections (U(+-sqrt(3/in))),
 // non-zero biases (the module's own reset zeroes them, which would hide a dropped bias).
 std::map<std::string, Tensor> random_state(const MultiheadAttention& m, Generator& g) {
-  std::map<std::string, Tensor> state;
-  for (const Parameter& p : m.parameters().all()) {
-    if (p.shape.size() == 2) {
-      const double bound = std::sqrt(3.0 / static_cast<double>(p.shape[1]));
-      state[p.name] = Tensor::rand(p.shape, g, -bound, bound);
-    } else {
-      state[p.name] = Tensor::randn(p.shape, g, 0.0, 0.5);
-    }
-  }
-  return state;
-}
-
-Tensor random_mask(const Shape& shape, bool is_bool, Generator& g) {
-  Tensor m = Tensor::empty(shape, is_bool ? DType::Bool : DType::F32);
-  const int64_t n = m.numel();
-  if (is_bool) {
-    auto* p = static_cast<uint8_t*>(m.raw_data());
-    for (int64_t i = 0; i < n; ++i) p[i] = g.uniform() < 0.3 ? 1 : 0;
-  } else {
-    float* p = m.data<float>();
-    for (int64_t i = 0; i < n; ++i)
-      p[i] = g.uniform() < 0.2 ? -std::numeric_limits<float>::infinity()
-                               : static_cast<float>(g.normal());
-  }
-  return m;
+  std::vector<std::pair<std::string, Shape>> shapes;
+  for (const Parameter& p : m.parameters().all()) shapes.emplace_back(p.name, p.shape);
+  return f64::random_parameters(shapes, g);
 }
 
 RandomCase random_case(uint64_t seed) {
@@ -424,26 +258,26 @@ RandomCase random_case(uint64_t seed) {
   const int64_t H = c.opt.num_heads;
   switch (pick(0, 4)) {
     case 1:
-      c.attn_mask = random_mask({L, S}, true, g);
+      c.attn_mask = f64::random_mask({L, S}, true, g);
       break;
     case 2:
-      c.attn_mask = random_mask({L, S}, false, g);
+      c.attn_mask = f64::random_mask({L, S}, false, g);
       break;
     case 3:
-      c.attn_mask = random_mask({c.batched ? N * H : H, L, S}, true, g);
+      c.attn_mask = f64::random_mask({c.batched ? N * H : H, L, S}, true, g);
       break;
     case 4:
-      c.attn_mask = random_mask({c.batched ? N * H : H, L, S}, false, g);
+      c.attn_mask = f64::random_mask({c.batched ? N * H : H, L, S}, false, g);
       break;
     default:
       break;
   }
   switch (pick(0, 2)) {
     case 1:
-      c.kpm = random_mask(c.batched ? Shape{N, S} : Shape{S}, true, g);
+      c.kpm = f64::random_mask(c.batched ? Shape{N, S} : Shape{S}, true, g);
       break;
     case 2:
-      c.kpm = random_mask(c.batched ? Shape{N, S} : Shape{S}, false, g);
+      c.kpm = f64::random_mask(c.batched ? Shape{N, S} : Shape{S}, false, g);
       break;
     default:
       break;
@@ -590,7 +424,7 @@ BOOST_AUTO_TEST_CASE(random_configs_match_float64_reference) {
     BOOST_TEST_CONTEXT(c.label) {
       const MultiheadAttention m = module_for(c);
       const MultiheadAttentionOutput r = run_case(m, c);
-      const Reference ref =
+      const f64::MhaReference ref =
           reference_forward(m, c.query, c.key, c.value, c.kpm, c.attn_mask, c.is_causal);
       const double eo = rel_frobenius(r.output.to_double_vector(), ref.out);
       const double ew =
@@ -645,7 +479,7 @@ BOOST_AUTO_TEST_CASE(property_need_weights_false_matches_true) {
       const double e = torch_error(b.output, a.output);
       BOOST_TEST(e <= 1e-6);
       vs_true.update(e, c.label);
-      const Reference ref =
+      const f64::MhaReference ref =
           reference_forward(m, c.query, c.key, c.value, c.kpm, c.attn_mask, c.is_causal);
       const double ef = rel_frobenius(b.output.to_double_vector(), ref.out);
       BOOST_TEST(ef <= kFloat64Tolerance, "need_weights=false rel. Frobenius " << ef);
@@ -1058,7 +892,7 @@ BOOST_AUTO_TEST_CASE(non_float32_inputs_and_masks_are_converted) {
   m.load_state_dict(random_state(m, g));
   const Tensor q = Tensor::randn({5, 2, 8}, g), k = Tensor::randn({7, 2, 6}, g),
                v = Tensor::randn({7, 2, 8}, g);
-  const Tensor am = random_mask({5, 7}, false, g), kpm = random_mask({2, 7}, false, g);
+  const Tensor am = f64::random_mask({5, 7}, false, g), kpm = f64::random_mask({2, 7}, false, g);
   for (DType dt : {DType::F16, DType::BF16, DType::F64}) {
     BOOST_TEST_CONTEXT(dtype_name(dt)) {
       const Tensor q2 = q.to(dt), k2 = k.to(dt), v2 = v.to(dt);
@@ -1078,7 +912,7 @@ BOOST_AUTO_TEST_CASE(is_causal_is_a_hint_when_attn_mask_is_given) {
   MultiheadAttention m(small_options());
   m.load_state_dict(random_state(m, g));
   const Tensor x = Tensor::randn({5, 2, 8}, g);
-  const Tensor am = random_mask({5, 5}, false, g);
+  const Tensor am = f64::random_mask({5, 5}, false, g);
   const auto hinted = m.forward(x, {}, {}, {}, true, am, true, true);
   const auto plain = m.forward(x, {}, {}, {}, true, am, true, false);
   BOOST_TEST(bitwise_equal(hinted.output, plain.output));
@@ -1102,7 +936,7 @@ BOOST_AUTO_TEST_CASE(masks_for_appended_positions) {
   MultiheadAttention m(o);
   m.load_state_dict(random_state(m, g));
   const Tensor q = Tensor::randn({4, 2, 8}, g), kv = Tensor::randn({5, 2, 8}, g);
-  const Tensor narrow = random_mask({4, 5}, false, g);
+  const Tensor narrow = f64::random_mask({4, 5}, false, g);
   Tensor wide = Tensor::zeros({4, 7});
   wide.narrow(1, 0, 5).copy_from(narrow);
   const auto a = m.forward(q, kv, kv, {}, true, narrow);
@@ -1114,7 +948,7 @@ BOOST_AUTO_TEST_CASE(masks_for_appended_positions) {
   const auto c = m.forward(q, kv, kv, {}, true, wide, false);
   for (int64_t n = 0; n < 2; ++n)
     for (int64_t l = 0; l < 4; ++l) BOOST_TEST(c.weights.item({n, 0, l, 5}) == 0.0);
-  const Reference ref = reference_forward(m, q, kv, kv, {}, wide, false);
+  const f64::MhaReference ref = reference_forward(m, q, kv, kv, {}, wide, false);
   BOOST_TEST(rel_frobenius(c.output.to_double_vector(), ref.out) <= kFloat64Tolerance);
   BOOST_TEST(rel_frobenius(c.weights.to_double_vector(), ref.weights) <= kFloat64Tolerance);
   // The key_padding_mask is (N, S) only.
@@ -1225,7 +1059,7 @@ BOOST_AUTO_TEST_CASE(concurrent_forward_is_identical) {
   MultiheadAttention m(o);
   m.load_state_dict(random_state(m, g));
   const Tensor x = Tensor::randn({48, 2, 64}, g);
-  const Tensor kpm = random_mask({2, 48}, true, g), am = random_mask({48, 48}, false, g);
+  const Tensor kpm = f64::random_mask({2, 48}, true, g), am = f64::random_mask({48, 48}, false, g);
   const MultiheadAttentionOutput base = m.forward(x, {}, {}, kpm, true, am, false);
   std::atomic<int> mismatches{0}, failures{0};
   std::vector<std::thread> threads;

@@ -1,7 +1,7 @@
 // Networks: the file parser, the resolver (symbolic shapes, every error path), summary against
-// the spec's five examples, the ops against float64 loops written here, weights, and the plan's
-// buffer reuse. Expected values come from the spec text and from index arithmetic, never from the
-// code under test.
+// the spec's five examples, the ops against float64 loops (here and in tests/reference.cpp),
+// weights, and the plan's buffer reuse. Expected values come from the spec text and from index
+// arithmetic, never from the code under test.
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <fstream>
@@ -17,6 +17,7 @@
 #include "layers/elementwise.h"
 #include "layers/norm.h"
 #include "layers/shape_ops.h"
+#include "tests/reference.h"
 
 using namespace tessera;
 
@@ -85,22 +86,6 @@ double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) 
   double m = 0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
   return m;
-}
-
-// Row-major strides of a shape, for the float64 references.
-std::vector<int64_t> strides_of(const Shape& s) {
-  std::vector<int64_t> st(s.size(), 1);
-  for (size_t i = s.size(); i-- > 1;) st[i - 1] = st[i] * s[i];
-  return st;
-}
-
-std::vector<int64_t> unravel(int64_t flat, const Shape& s) {
-  std::vector<int64_t> idx(s.size());
-  for (size_t i = s.size(); i-- > 0;) {
-    idx[i] = flat % s[i];
-    flat /= s[i];
-  }
-  return idx;
 }
 
 }  // namespace
@@ -429,21 +414,10 @@ BOOST_AUTO_TEST_CASE(layer_norm_matches_float64) {
     for (const bool affine : {true, false}) {
       Tensor y = Tensor::empty({3, 5, D});
       layer_norm_into(x, affine ? g : Tensor(), affine ? b : Tensor(), 1e-5, y, "test");
-      const auto xv = x.to_double_vector(), gv = g.to_double_vector(), bv = b.to_double_vector();
-      std::vector<double> ref(xv.size());
-      for (int64_t r = 0; r < 15; ++r) {
-        double mean = 0, var = 0;
-        for (int64_t j = 0; j < D; ++j) mean += xv[static_cast<size_t>(r * D + j)];
-        mean /= static_cast<double>(D);
-        for (int64_t j = 0; j < D; ++j)
-          var += std::pow(xv[static_cast<size_t>(r * D + j)] - mean, 2);
-        var /= static_cast<double>(D);
-        for (int64_t j = 0; j < D; ++j) {
-          const size_t i = static_cast<size_t>(r * D + j);
-          const double n = (xv[i] - mean) / std::sqrt(var + 1e-5);
-          ref[i] = affine ? n * gv[static_cast<size_t>(j)] + bv[static_cast<size_t>(j)] : n;
-        }
-      }
+      const std::vector<double> none;
+      const std::vector<double> ref =
+          f64::layer_norm(x.to_double_vector(), 15, D, affine ? g.to_double_vector() : none,
+                          affine ? b.to_double_vector() : none, 1e-5);
       BOOST_TEST(max_abs_diff(y.to_double_vector(), ref) <= 2e-5,
                  "D=" << D << " affine=" << affine);
     }
@@ -461,9 +435,7 @@ BOOST_AUTO_TEST_CASE(gelu_matches_float64) {
       double worst = 0;
       for (size_t i = 0; i < xv.size(); ++i) {
         const double v = xv[i];
-        const double ref =
-            approx ? 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)))
-                   : 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+        const double ref = f64::gelu(v, approx);
         worst = std::max(worst, std::abs(yv[i] - ref) / std::max(1.0, std::abs(ref)));
       }
       BOOST_TEST(worst <= 2e-6, "n=" << n << " tanh=" << approx);
@@ -480,22 +452,7 @@ BOOST_AUTO_TEST_CASE(add_broadcasts_as_pytorch) {
     const Shape so = broadcast_shapes(sa, sb, "test");
     Tensor y = Tensor::empty(so);
     add_into(a, b, y, "test");
-    // Reference: each output index read from a and b with broadcast (size-1 dims pinned to 0).
-    const auto av = a.to_double_vector(), bv = b.to_double_vector();
-    std::vector<double> ref(static_cast<size_t>(shape_numel(so)));
-    for (int64_t f = 0; f < shape_numel(so); ++f) {
-      const auto idx = unravel(f, so);
-      auto read = [&](const Shape& s, const std::vector<double>& v) {
-        const auto st = strides_of(s);
-        int64_t off = 0;
-        for (size_t k = 0; k < s.size(); ++k) {
-          const int64_t i = idx[k + so.size() - s.size()];
-          off += (s[k] == 1 ? 0 : i) * st[k];
-        }
-        return v[static_cast<size_t>(off)];
-      };
-      ref[static_cast<size_t>(f)] = read(sa, av) + read(sb, bv);
-    }
+    const std::vector<double> ref = f64::add(a.to_double_vector(), sa, b.to_double_vector(), sb);
     BOOST_TEST(max_abs_diff(y.to_double_vector(), ref) <= 1e-6,
                shape_to_string(sa) << " + " << shape_to_string(sb));
   }
@@ -520,9 +477,9 @@ BOOST_AUTO_TEST_CASE(chunk_and_concat_match_index_arithmetic) {
     for (int64_t i = 0; i < chunks; ++i) {
       const auto ov = outs[static_cast<size_t>(i)].to_double_vector();
       for (int64_t f = 0; f < shape_numel(piece); ++f) {
-        auto idx = unravel(f, piece);
+        auto idx = f64::unravel(f, piece);
         idx[static_cast<size_t>(d)] = i;
-        const auto st = strides_of(s);
+        const auto st = f64::strides_of(s);
         int64_t off = 0;
         for (size_t k = 0; k < 3; ++k) off += idx[k] * st[k];
         BOOST_TEST(ov[static_cast<size_t>(f)] == xv[static_cast<size_t>(off)]);
@@ -574,9 +531,7 @@ BOOST_AUTO_TEST_CASE(network_ops_compose) {
     for (int64_t j = 4; j < 8; ++j) var += std::pow(x.item({r, j}) - mean, 2) / 4;
     for (int64_t j = 0; j < 8; ++j) {
       const double v = x.item({r, j});
-      const double h =
-          j < 4 ? 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)))
-                : (v - mean) / std::sqrt(var + 1e-5);
+      const double h = j < 4 ? f64::gelu(v, true) : (v - mean) / std::sqrt(var + 1e-5);
       BOOST_TEST(std::abs(y.item({r, j}) - (h + b.item({j}))) <= 1e-5);
     }
   }

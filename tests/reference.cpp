@@ -1,0 +1,365 @@
+#include "tests/reference.h"
+
+#include <algorithm>
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <limits>
+
+namespace tessera::f64 {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// x as [N][T][C] whatever its layout: a batched sequence-first input is (T, N, C).
+std::vector<double> batch_major(const Tensor& x, bool sequence_first) {
+  std::vector<double> v = x.to_double_vector();
+  if (!sequence_first) return v;
+  const int64_t T = x.size(0), N = x.size(1), C = x.size(2);
+  std::vector<double> r(v.size());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < C; ++c) r[(n * T + t) * C + c] = v[(t * N + n) * C + c];
+  return r;
+}
+
+// An entry of mask `m` as the additive value it stands for: bool true = -inf (masked), a float
+// as given.
+double mask_value(const Tensor& m, double x) {
+  return m.dtype() == DType::Bool ? (x != 0 ? -kInf : 0.0) : x;
+}
+
+}  // namespace
+
+std::vector<double> param(const std::map<std::string, Tensor>& params, const std::string& name) {
+  const auto it = params.find(name);
+  return it == params.end() ? std::vector<double>() : it->second.to_double_vector();
+}
+
+std::vector<int64_t> strides_of(const Shape& s) {
+  std::vector<int64_t> st(s.size(), 1);
+  for (size_t i = s.size(); i-- > 1;) st[i - 1] = st[i] * s[i];
+  return st;
+}
+
+std::vector<int64_t> unravel(int64_t flat, const Shape& s) {
+  std::vector<int64_t> idx(s.size());
+  for (size_t i = s.size(); i-- > 0;) {
+    idx[i] = flat % s[i];
+    flat /= s[i];
+  }
+  return idx;
+}
+
+std::map<std::string, Tensor> random_parameters(
+    const std::vector<std::pair<std::string, Shape>>& shapes, Generator& gen) {
+  std::map<std::string, Tensor> state;
+  for (const auto& [name, shape] : shapes) {
+    if (shape.size() == 2) {
+      const double bound = std::sqrt(3.0 / static_cast<double>(shape[1]));
+      state[name] = Tensor::rand(shape, gen, -bound, bound);
+    } else {
+      state[name] = Tensor::randn(shape, gen, 0.0, 0.5);
+    }
+  }
+  return state;
+}
+
+Tensor random_mask(const Shape& shape, bool is_bool, Generator& gen) {
+  Tensor m = Tensor::empty(shape, is_bool ? DType::Bool : DType::F32);
+  const int64_t n = m.numel();
+  if (is_bool) {
+    auto* p = static_cast<uint8_t*>(m.raw_data());
+    for (int64_t i = 0; i < n; ++i) p[i] = gen.uniform() < 0.3 ? 1 : 0;
+  } else {
+    float* p = m.data<float>();
+    for (int64_t i = 0; i < n; ++i)
+      p[i] = gen.uniform() < 0.2 ? -std::numeric_limits<float>::infinity()
+                                 : static_cast<float>(gen.normal());
+  }
+  return m;
+}
+
+std::vector<double> linear(const std::vector<double>& x, int64_t rows, int64_t in,
+                           const std::vector<double>& w, int64_t out,
+                           const std::vector<double>& b) {
+  BOOST_REQUIRE_EQUAL(x.size(), static_cast<size_t>(rows * in));
+  BOOST_REQUIRE_EQUAL(w.size(), static_cast<size_t>(out * in));
+  std::vector<double> y(static_cast<size_t>(rows * out));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      double s = b.empty() ? 0.0 : b[o];
+      for (int64_t c = 0; c < in; ++c) s += x[r * in + c] * w[o * in + c];
+      y[r * out + o] = s;
+    }
+  return y;
+}
+
+std::vector<double> layer_norm(const std::vector<double>& x, int64_t rows, int64_t D,
+                               const std::vector<double>& gamma, const std::vector<double>& beta,
+                               double eps) {
+  std::vector<double> y(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* row = &x[r * D];
+    double mean = 0, var = 0;
+    for (int64_t j = 0; j < D; ++j) mean += row[j];
+    mean /= static_cast<double>(D);
+    for (int64_t j = 0; j < D; ++j) var += (row[j] - mean) * (row[j] - mean);
+    var /= static_cast<double>(D);
+    for (int64_t j = 0; j < D; ++j) {
+      const double n = (row[j] - mean) / std::sqrt(var + eps);
+      y[r * D + j] = gamma.empty() ? n : n * gamma[j] + beta[j];
+    }
+  }
+  return y;
+}
+
+double gelu(double x, bool tanh_form) {
+  if (tanh_form) return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+  return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+}
+
+Shape broadcast_shape(const Shape& a, const Shape& b) {
+  Shape out(std::max(a.size(), b.size()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    // Dim i counted from the end; a missing dim is 1.
+    const int64_t x = i < a.size() ? a[a.size() - 1 - i] : 1;
+    const int64_t y = i < b.size() ? b[b.size() - 1 - i] : 1;
+    BOOST_REQUIRE(x == y || x == 1 || y == 1);
+    out[out.size() - 1 - i] = x == 1 ? y : x;
+  }
+  return out;
+}
+
+std::vector<double> add(const std::vector<double>& a, const Shape& sa, const std::vector<double>& b,
+                        const Shape& sb) {
+  const Shape so = broadcast_shape(sa, sb);
+  std::vector<double> y(static_cast<size_t>(shape_numel(so)));
+  // Each output index read from a and b with their size-1 dims pinned to 0.
+  auto read = [&](const std::vector<int64_t>& idx, const Shape& s, const std::vector<double>& v) {
+    const std::vector<int64_t> st = strides_of(s);
+    int64_t off = 0;
+    for (size_t k = 0; k < s.size(); ++k)
+      off += (s[k] == 1 ? 0 : idx[k + so.size() - s.size()]) * st[k];
+    return v[static_cast<size_t>(off)];
+  };
+  for (int64_t f = 0; f < shape_numel(so); ++f) {
+    const std::vector<int64_t> idx = unravel(f, so);
+    y[static_cast<size_t>(f)] = read(idx, sa, a) + read(idx, sb, b);
+  }
+  return y;
+}
+
+void attention_head(int64_t L, int64_t S, int64_t D, int64_t Dv, double scale, const double* q,
+                    int64_t ldq, const double* k, int64_t ldk, const double* v, int64_t ldv,
+                    const double* mask, double* weights, double* out, int64_t ldo) {
+  std::vector<double> p(static_cast<size_t>(S));
+  for (int64_t l = 0; l < L; ++l) {
+    double mx = -kInf;
+    for (int64_t s = 0; s < S; ++s) {
+      double dot = 0.0;
+      for (int64_t d = 0; d < D; ++d) dot += q[l * ldq + d] * k[s * ldk + d];
+      p[s] = dot * scale + (mask ? mask[l * S + s] : 0.0);
+      mx = std::max(mx, p[s]);
+    }
+    if (mx == -kInf) {  // every key masked (or S == 0)
+      std::fill(p.begin(), p.end(), 0.0);
+    } else {
+      double sum = 0.0;
+      for (int64_t s = 0; s < S; ++s) sum += std::exp(p[s] - mx);
+      for (int64_t s = 0; s < S; ++s) p[s] = std::exp(p[s] - mx) / sum;
+    }
+    if (weights) std::copy(p.begin(), p.end(), weights + l * S);
+    for (int64_t d = 0; d < Dv; ++d) {
+      double acc = 0.0;
+      for (int64_t s = 0; s < S; ++s) acc += p[s] * v[s * ldv + d];
+      out[l * ldo + d] = acc;
+    }
+  }
+}
+
+std::vector<double> attention(const AttentionOptions& o,
+                              const std::map<std::string, Tensor>& params, const Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), D = x.size(2), H = o.heads, hd = D / H;
+  auto weight = [&](const std::string& name) {
+    BOOST_REQUIRE_MESSAGE(params.count(name), "attention has no parameter " << name);
+    return param(params, name);
+  };
+  // The spec: q/k/v carry a bias when bias and qkv_bias, o_proj when bias and out_bias.
+  auto bias = [&](const std::string& name, bool wanted) {
+    BOOST_TEST(params.count(name) == (wanted ? 1u : 0u),
+               name << (wanted ? " missing" : " unwanted"));
+    return param(params, name);
+  };
+  const bool qkv_bias = o.bias && o.qkv_bias, out_bias = o.bias && o.out_bias;
+  const std::vector<double> xv = x.to_double_vector();
+  std::vector<double> q =
+      linear(xv, B * T, D, weight("q_proj.weight"), D, bias("q_proj.bias", qkv_bias));
+  std::vector<double> k =
+      linear(xv, B * T, D, weight("k_proj.weight"), D, bias("k_proj.bias", qkv_bias));
+  const std::vector<double> v =
+      linear(xv, B * T, D, weight("v_proj.weight"), D, bias("v_proj.bias", qkv_bias));
+
+  if (o.rope) {
+    // Rotate-half over each head: [a, b] -> [a cos - b sin, b cos + a sin], angle = t * theta_i.
+    // The angles are built in float32 (the spec, interfaces.md §2): theta_i rounded to float,
+    // then one float multiply; cos and sin of that float angle in double.
+    const int64_t half = hd / 2;
+    for (std::vector<double>* m : {&q, &k})
+      for (int64_t bt = 0; bt < B * T; ++bt)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t i = 0; i < half; ++i) {
+            const auto theta =
+                static_cast<float>(std::pow(10000.0, -2.0 * i / static_cast<double>(hd)));
+            const float angle = static_cast<float>(bt % T) * theta;
+            double& a = (*m)[bt * D + h * hd + i];
+            double& b = (*m)[bt * D + h * hd + i + half];
+            const double c = std::cos(static_cast<double>(angle)),
+                         s = std::sin(static_cast<double>(angle));
+            const double a0 = a;
+            a = a0 * c - b * s;
+            b = b * c + a0 * s;
+          }
+  }
+
+  // Additive [H][T][T]: the relative-position bias (the spec's row/col offsets on the row-major
+  // grid), then the causal -inf.
+  std::vector<double> mask(static_cast<size_t>(H * T * T), 0.0);
+  if (o.relative_position_bias) {
+    const int64_t gh = o.spatial_h, gw = o.spatial_w;
+    const std::vector<double> table = weight("relative_position_bias_table");
+    BOOST_REQUIRE_EQUAL(table.size(), static_cast<size_t>((2 * gh - 1) * (2 * gw - 1) * H));
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = 0; j < T; ++j) {
+          const int64_t dy = i / gw - j / gw + (gh - 1), dx = i % gw - j % gw + (gw - 1);
+          mask[(h * T + i) * T + j] += table[(dy * (2 * gw - 1) + dx) * H + h];
+        }
+  }
+  if (o.causal)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = i + 1; j < T; ++j) mask[(h * T + i) * T + j] = -kInf;
+
+  std::vector<double> attn(static_cast<size_t>(B * T * D));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t at = b * T * D + h * hd;
+      attention_head(T, T, hd, hd, scale, &q[at], D, &k[at], D, &v[at], D, &mask[h * T * T],
+                     nullptr, &attn[at], D);
+    }
+  return linear(attn, B * T, D, weight("o_proj.weight"), D, bias("o_proj.bias", out_bias));
+}
+
+std::vector<double> MhaReference::returned_weights(bool average) const {
+  if (!average) return weights;
+  std::vector<double> avg(static_cast<size_t>(N * L * Sp), 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < L * Sp; ++i) avg[n * L * Sp + i] += weights[(n * H + h) * L * Sp + i];
+  for (double& v : avg) v /= static_cast<double>(H);
+  return avg;
+}
+
+MhaReference multihead_attention(const MultiheadAttentionOptions& o,
+                                 const std::map<std::string, Tensor>& params, const Tensor& query,
+                                 const Tensor& key_in, const Tensor& value_in, const Tensor& kpm,
+                                 const Tensor& attn_mask, bool is_causal) {
+  const Tensor& key = key_in.defined() ? key_in : query;
+  const Tensor& value = value_in.defined() ? value_in : key;
+  const int64_t E = o.embed_dim, H = o.num_heads, D = E / H;
+  const bool batched = query.dim() == 3, bf = batched && o.batch_first;
+  const int64_t L = query.size(bf ? 1 : 0), S = key.size(bf ? 1 : 0);
+  const int64_t N = batched ? query.size(bf ? 0 : 1) : 1;
+  const int64_t kd = key.size(-1), vd = value.size(-1);
+  const int64_t Sp = S + (o.add_bias_kv ? 1 : 0) + (o.add_zero_attn ? 1 : 0);
+
+  std::vector<double> wq, wk, wv;
+  if (params.count("in_proj_weight")) {
+    const std::vector<double> w = param(params, "in_proj_weight");
+    wq.assign(w.begin(), w.begin() + E * E);
+    wk.assign(w.begin() + E * E, w.begin() + 2 * E * E);
+    wv.assign(w.begin() + 2 * E * E, w.end());
+  } else {
+    wq = param(params, "q_proj_weight");
+    wk = param(params, "k_proj_weight");
+    wv = param(params, "v_proj_weight");
+  }
+  const std::vector<double> b_in = param(params, "in_proj_bias");
+  auto bias_part = [&](int64_t i) {
+    return b_in.empty() ? b_in
+                        : std::vector<double>(b_in.begin() + i * E, b_in.begin() + (i + 1) * E);
+  };
+
+  // Projections, [N][T][E]; appended key/value positions: bias then zero.
+  const bool seq_first = batched && !bf;
+  const std::vector<double> q =
+      linear(batch_major(query, seq_first), N * L, E, wq, E, bias_part(0));
+  const std::vector<double> k_real =
+      linear(batch_major(key, seq_first), N * S, kd, wk, E, bias_part(1));
+  const std::vector<double> v_real =
+      linear(batch_major(value, seq_first), N * S, vd, wv, E, bias_part(2));
+  std::vector<double> k(static_cast<size_t>(N * Sp * E), 0.0), v(k.size(), 0.0);
+  const std::vector<double> bias_k = param(params, "bias_k"), bias_v = param(params, "bias_v");
+  for (int64_t n = 0; n < N; ++n) {
+    std::copy_n(&k_real[n * S * E], S * E, &k[n * Sp * E]);
+    std::copy_n(&v_real[n * S * E], S * E, &v[n * Sp * E]);
+    if (o.add_bias_kv) {
+      std::copy(bias_k.begin(), bias_k.end(), &k[(n * Sp + S) * E]);
+      std::copy(bias_v.begin(), bias_v.end(), &v[(n * Sp + S) * E]);
+    }
+  }
+
+  // Additive mask [N][H][L][S']; the user's masks cover their own width (S, or S').
+  std::vector<double> mask(static_cast<size_t>(N * H * L * Sp), 0.0);
+  if (attn_mask.defined()) {
+    const std::vector<double> am = attn_mask.to_double_vector();
+    const int64_t C = attn_mask.size(-1);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t l = 0; l < L; ++l)
+          for (int64_t s = 0; s < C; ++s) {
+            const int64_t i = attn_mask.dim() == 2 ? l * C + s : ((n * H + h) * L + l) * C + s;
+            mask[((n * H + h) * L + l) * Sp + s] += mask_value(attn_mask, am[i]);
+          }
+  }
+  if (kpm.defined()) {
+    const std::vector<double> km = kpm.to_double_vector();
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t l = 0; l < L; ++l)
+          for (int64_t s = 0; s < S; ++s)
+            mask[((n * H + h) * L + l) * Sp + s] += mask_value(kpm, km[n * S + s]);
+  }
+  if (is_causal && !attn_mask.defined())
+    for (int64_t nhl = 0; nhl < N * H * L; ++nhl)
+      for (int64_t s = nhl % L + 1; s < S; ++s) mask[nhl * Sp + s] = -kInf;
+
+  MhaReference r;
+  r.N = N;
+  r.H = H;
+  r.L = L;
+  r.Sp = Sp;
+  r.weights.assign(static_cast<size_t>(N * H * L * Sp), 0.0);
+  std::vector<double> attn(static_cast<size_t>(N * L * E), 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t nh = (n * H + h) * L * Sp;
+      attention_head(L, Sp, D, D, scale, &q[n * L * E + h * D], E, &k[n * Sp * E + h * D], E,
+                     &v[n * Sp * E + h * D], E, &mask[nh], &r.weights[nh], &attn[n * L * E + h * D],
+                     E);
+    }
+  const std::vector<double> out =
+      linear(attn, N * L, E, param(params, "out_proj.weight"), E, param(params, "out_proj.bias"));
+  // Laid out like the query.
+  r.out.assign(out.size(), 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t l = 0; l < L; ++l)
+      for (int64_t e = 0; e < E; ++e)
+        r.out[seq_first ? (l * N + n) * E + e : (n * L + l) * E + e] = out[(n * L + l) * E + e];
+  return r;
+}
+
+}  // namespace tessera::f64
