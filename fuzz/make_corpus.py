@@ -200,6 +200,11 @@ SMALL = {
         ("a", "attention", {"heads": 4}, {"x": "s"}),
         ("c", "concat", {"dim": 1}, {"x0": "a", "x1": "s"}),
     ], {"y": "c"}, dtype="float32"),
+    "relu": net({"x": [3, 17]}, [
+        ("r", "relu", {}, {"x": "x"}),
+        ("l", "linear", {"out_features": 9}, {"x": "r"}),
+        ("r2", "relu", {}, {"x": "l"}),
+    ], {"y": "r2"}),
 }
 
 
@@ -277,6 +282,12 @@ def run_seeds():
                      ("m.in_proj_bias", "F32", [24], randn_f32([24], 0.1)),
                      ("m.out_proj.bias", "F32", [8], randn_f32([8], 0.1))])
     write("run", "mha_weights", run_seed(1, json.dumps(n).encode(), w, input_file(n)))
+
+    # Added later than the seeds above, so that their random draws stay as they were.
+    for name in ["relu"]:
+        n = SMALL[name]
+        text = json.dumps(n, separators=(",", ":")).encode()
+        write("run", name + "_random_init", run_seed(1, text, b"", input_file(n)))
 
 
 def main():

@@ -235,6 +235,9 @@ class AddOp : public Op {
 std::unique_ptr<Op> make_gelu_op(const NetworkNode& node, const std::string& where) {
   return std::make_unique<GeluOp>(node, where);
 }
+std::unique_ptr<Op> make_relu_op(const NetworkNode& node, const std::string& where) {
+  return std::make_unique<UnaryMapOp>(node, where, "relu");
+}
 std::unique_ptr<Op> make_add_op(const NetworkNode& node, const std::string& where) {
   return std::make_unique<AddOp>(node, where);
 }

@@ -16,6 +16,7 @@ std::unique_ptr<Op> make_linear_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_layer_norm_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_gelu_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_add_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_relu_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_chunk_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_concat_op(const NetworkNode&, const std::string&);
 
@@ -36,6 +37,7 @@ constexpr OpEntry kOps[] = {
     {"add", make_add_op},                                  // layers/elementwise.cpp
     {"chunk", make_chunk_op},                              // layers/shape_ops.cpp
     {"concat", make_concat_op},                            // layers/shape_ops.cpp
+    {"relu", make_relu_op},                                // layers/elementwise.cpp
 };
 
 }  // namespace

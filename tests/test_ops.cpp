@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <bit>
 #include <limits>
 #include <map>
 #include <memory>
@@ -56,6 +57,7 @@
 #include "backends/cpu/cpu_device.h"
 #include "core/device.h"
 #include "core/random.h"
+#include "layers/elementwise.h"
 #include "core/tensor.h"
 #include "core/text.h"
 #include "core/workspace.h"
@@ -262,6 +264,31 @@ std::vector<OpCase> gelu_cases() {
   add(x_input({1000}), false);  // 62 AVX-512 vectors and a tail of 8
   add(x_input({2, 17}).as(DType::BF16), true);
   add(x_input({9, 4}).transposed(), false);
+  return cases;
+}
+
+std::vector<OpCase> relu_cases() {
+  std::vector<OpCase> cases;
+  auto add = [&](const OpInput& x) {
+    OpCase c;
+    c.inputs = {x};
+    c.tolerance = 0.0;  // a select: exact
+    c.reference = [](const Inputs& in, const Params&) {
+      const Tensor& x = input(in, "x");
+      std::vector<double> y = x.to_double_vector();
+      for (double& v : y) v = v < 0.0 ? 0.0 : v;  // torch.relu: NaN and -0.0 pass through
+      return std::vector<Expected>{{x.shape(), y}};
+    };
+    cases.push_back(c);
+  };
+  for (const int64_t n : kTails) {
+    add(x_input({n}));
+    add(x_input({3, n}));
+  }
+  add(x_input({2, 3, 33}, Fill::wide));
+  add(x_input({1000}));  // 62 AVX-512 vectors and a tail of 8
+  add(x_input({2, 17}).as(DType::F16));
+  add(x_input({9, 4}).transposed());
   return cases;
 }
 
@@ -668,6 +695,7 @@ const CaseList kCaseLists[] = {
     {"linear", linear_cases},       {"layer_norm", layer_norm_cases},
     {"gelu", gelu_cases},           {"add", add_cases},
     {"chunk", chunk_cases},         {"concat", concat_cases},
+    {"relu", relu_cases},
 };
 
 // ---------------------------------------------------------------- the harness
@@ -1001,6 +1029,31 @@ BOOST_AUTO_TEST_CASE(cases_match_float64_reference_on_every_target) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   BOOST_TEST_MESSAGE("ops: " << total << " cases x " << targets.size() << " targets in " << seconds
                              << " s");
+}
+
+// torch.relu's special values, bit for bit on every target: NaN stays NaN, -0.0 stays -0.0
+// (x < 0 is false for both), -inf becomes 0 (a Max against zero would turn NaN into 0 on x86).
+BOOST_AUTO_TEST_CASE(relu_keeps_nan_and_negative_zero) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(),
+              inf = std::numeric_limits<float>::infinity();
+  std::vector<float> values = {-0.0f, nan, -1.0f, 2.0f, -inf, inf, 0.0f, -1e-30f};
+  values.resize(37, -3.5f);  // past two AVX-512 vectors: vector body and scalar tail
+  values[19] = nan;
+  values[36] = -0.0f;
+  const Tensor x = Tensor::from_vector(values, {37});
+  TargetReset reset;
+  for (const int64_t target : compiled_targets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    Tensor y = Tensor::empty({37});
+    unary_map_into("relu", x, y, "test");
+    for (size_t i = 0; i < values.size(); ++i) {
+      const float v = values[i], got = y.data<float>()[i];
+      const float want = v < 0.0f ? 0.0f : v;
+      BOOST_TEST((std::isnan(want) ? std::isnan(got) : std::bit_cast<uint32_t>(got) ==
+                                                            std::bit_cast<uint32_t>(want)),
+                 hwy::TargetName(target) << " relu(" << v << ") = " << got);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

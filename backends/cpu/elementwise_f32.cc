@@ -1,4 +1,4 @@
-// Element-wise and row-wise f32 kernels: rotary embedding, bias add, add, GELU, layer norm.
+// Element-wise and row-wise f32 kernels: rotary embedding, bias add, add, GELU, ReLU, layer norm.
 // All are a few vector ops per element over data that is read once, so they run at memory
 // (or L2) bandwidth except GELU, whose erf costs about 35 vector ops per vector.
 #undef HWY_TARGET_INCLUDE
@@ -7,6 +7,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <iterator>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -147,6 +148,22 @@ HWY_INLINE void GeluLoopF32(size_t n, const float* x, float* y) {
   if (i < n) StoreTail(d, gelu(LoadTail(d, x + i, n - i, 0.0f)), y + i, n - i);
 }
 
+// torch.relu: x < 0 -> 0, else x, so NaN stays NaN and -0.0 stays -0.0 as in PyTorch (a Max
+// against zero would turn NaN into 0 on x86: maxps returns its second operand on NaN).
+void ReluF32(int64_t count, const float* x, float* y) {
+  if (count <= 0) return;
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const size_t n = static_cast<size_t>(count);
+  const auto zero = hn::Zero(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto v = hn::LoadU(d, x + i);
+    hn::StoreU(hn::IfThenElse(hn::Lt(v, zero), zero, v), d, y + i);
+  }
+  for (; i < n; ++i) y[i] = x[i] < 0.0f ? 0.0f : x[i];
+}
+
 void GeluF32(int64_t n, const float* x, float* y, bool tanh_approx) {
   if (n <= 0) return;
   if (tanh_approx) {
@@ -253,21 +270,23 @@ HWY_EXPORT(RopeRotateHalfF32);
 HWY_EXPORT(AddBiasRowsF32);
 HWY_EXPORT(AddF32);
 HWY_EXPORT(GeluF32);
+HWY_EXPORT(ReluF32);
 HWY_EXPORT(LayerNormRowsF32);
 
 namespace cpu {
 int64_t dispatched_target() { return HWY_DYNAMIC_DISPATCH(DispatchedTarget)(); }
 
 namespace {
+void relu_f32(int64_t n, const float* x, float* y) { HWY_DYNAMIC_DISPATCH(ReluF32)(n, x, y); }
+
 // The elementwise maps, by the op they serve: one line per map.
 constexpr NamedUnaryMapF32 kUnaryMaps[] = {
-    {nullptr, nullptr},
+    {"relu", relu_f32},
 };
 }  // namespace
 
 const NamedUnaryMapF32* unary_maps_f32(int64_t* count) {
-  *count = 0;
-  for (const NamedUnaryMapF32& m : kUnaryMaps) *count += m.name != nullptr;
+  *count = static_cast<int64_t>(std::size(kUnaryMaps));
   return kUnaryMaps;
 }
 
