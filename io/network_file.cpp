@@ -15,14 +15,13 @@ namespace tessera {
 
 using ojson = nlohmann::ordered_json;
 
-namespace {
-
-// JSON type names as a user reads them in an error message.
 const char* json_type(const ojson& j) {
   if (j.is_number_integer()) return "an integer";
   if (j.is_number_float()) return "a number";
   return j.type_name();  // "string", "boolean", "array", "object", "null"
 }
+
+namespace {
 
 // "x", "n0.weights": names of inputs and nodes become sources and PyTorch attribute names, so
 // they carry no '.' (which separates a node from its port) and are not empty.

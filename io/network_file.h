@@ -38,6 +38,10 @@ struct NetworkSpec {
   std::string origin;  // the file (or "file (tessera.network)") it came from, for messages
 };
 
+// A JSON value's type as a user reads it in an error message: "an integer", "a number",
+// "string", "boolean", "array", "object", "null".
+const char* json_type(const nlohmann::ordered_json& j);
+
 // The metadata key a checkpoint stores its network under.
 inline constexpr const char* kNetworkMetadataKey = "tessera.network";
 

@@ -8,16 +8,6 @@ namespace tessera {
 
 using ojson = nlohmann::ordered_json;
 
-namespace {
-
-const char* json_type(const ojson& j) {
-  if (j.is_number_integer()) return "an integer";
-  if (j.is_number_float()) return "a number";
-  return j.type_name();
-}
-
-}  // namespace
-
 const ojson* Args::get(const char* name) {
   known_.emplace_back(name);
   const auto it = args_.find(name);

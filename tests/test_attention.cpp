@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/expect_error.h"
 #include "core/parallel.h"
 #include "core/random.h"
 #include "core/tensor.h"
@@ -28,19 +29,6 @@
 using namespace tessera;
 
 namespace {
-
-template <class Fn>
-void expect_error(ErrorCode code, const std::string& needle, Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    BOOST_TEST(error_code_name(e.code()) == std::string(error_code_name(code)), e.what());
-    BOOST_TEST(std::string(e.what()).find(needle) != std::string::npos,
-               "'" << e.what() << "' should contain '" << needle << "'");
-    return;
-  }
-  BOOST_FAIL("expected " << error_code_name(code) << " containing '" << needle << "'");
-}
 
 struct Diff {
   double rel_fro = 0.0;  // ||out - ref||_F / ||ref||_F

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/expect_error.h"
 #include "core/random.h"
 #include "io/network_file.h"
 #include "io/safetensors.h"
@@ -24,21 +25,6 @@ using namespace tessera;
 namespace {
 
 NetworkSpec spec_of(const std::string& json) { return parse_network(json, "test.json"); }
-
-// Runs fn and checks it throws an Error with this code whose full text contains `text`.
-template <class Fn>
-void expect_error(ErrorCode code, const std::string& text, Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    BOOST_TEST(std::string(error_code_name(e.code())) == std::string(error_code_name(code)),
-               e.what());
-    BOOST_TEST(std::string(e.what()).find(text) != std::string::npos,
-               "'" << e.what() << "' does not contain '" << text << "'");
-    return;
-  }
-  BOOST_FAIL("expected " << error_code_name(code) << " containing '" << text << "'");
-}
 
 void expect_resolve_error(ErrorCode code, const std::string& text, const std::string& json) {
   expect_error(code, text, [&] { Network::resolve(spec_of(json)); });

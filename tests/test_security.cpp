@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/expect_error.h"
 #include "core/limits.h"
 #include "core/parallel.h"
 #include "core/random.h"
@@ -24,20 +25,6 @@ using namespace tessera;
 namespace fs = std::filesystem;
 
 namespace {
-
-// Runs fn and checks it throws an Error with this code whose text contains `text`.
-template <class Fn>
-void expect_error(ErrorCode code, const std::string& text, Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    BOOST_TEST(std::string(error_code_name(e.code())) == error_code_name(code), e.what());
-    BOOST_TEST(std::string(e.what()).find(text) != std::string::npos,
-               "'" << e.what() << "' lacks '" << text << "'");
-    return;
-  }
-  BOOST_ERROR("no error; expected " << error_code_name(code) << " with '" << text << "'");
-}
 
 NetworkSpec spec_of(const std::string& json) { return parse_network(json, "test.json"); }
 

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/expect_error.h"
 #include "io/safetensors.h"
 #include "runtime/loader.h"
 #include "runtime/session.h"
@@ -17,20 +18,6 @@ using namespace tessera;
 namespace {
 
 const std::string kEncoder = std::string(TESSERA_SOURCE_DIR) + "/examples/encoder/";
-
-template <class Fn>
-void expect_error(ErrorCode code, const std::string& text, Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    BOOST_TEST(std::string(error_code_name(e.code())) == std::string(error_code_name(code)),
-               e.what());
-    BOOST_TEST(std::string(e.what()).find(text) != std::string::npos,
-               "'" << e.what() << "' does not contain '" << text << "'");
-    return;
-  }
-  BOOST_FAIL("expected " << error_code_name(code) << " containing '" << text << "'");
-}
 
 Model encoder() { return load_model(kEncoder + "encoder.safetensors", std::nullopt, true).model; }
 
