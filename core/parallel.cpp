@@ -35,7 +35,7 @@ int num_threads() {
 }
 
 void parallel_for(int64_t begin, int64_t end, int64_t grain,
-                  const std::function<void(int64_t, int64_t)>& fn) {
+                  FunctionRef<void(int64_t, int64_t)> fn) {
   if (end <= begin) return;
   grain = std::max<int64_t>(grain, 1);
   const int threads = num_threads();

@@ -4,7 +4,8 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
+
+#include "core/function_ref.h"
 
 namespace tessera {
 
@@ -15,7 +16,9 @@ int hardware_threads();
 
 // Calls fn(begin_i, end_i) over disjoint chunks covering [begin, end), chunks at least `grain`
 // long, possibly in parallel. Runs inline when the range is one chunk. fn must not throw.
+// Allocates nothing once oneTBB's workers and task pools are warm (the allocations suite): fn is
+// referenced, not copied, and oneTBB recycles its task objects.
 void parallel_for(int64_t begin, int64_t end, int64_t grain,
-                  const std::function<void(int64_t, int64_t)>& fn);
+                  FunctionRef<void(int64_t, int64_t)> fn);
 
 }  // namespace tessera
