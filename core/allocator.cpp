@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +26,10 @@ void* Allocator::allocate_zeroed(size_t bytes) {
 
 namespace {
 
+// Every allocate/allocate_zeroed call, cached blocks included (host_allocation_count()).
+std::atomic<uint64_t> g_allocation_calls{0};
+
+
 // True in the ASan builds (scripts/sanitize.sh with GCC, the fuzz build with clang).
 #if defined(__SANITIZE_ADDRESS__) || __has_feature(address_sanitizer)
 constexpr bool kAddressSanitizer = true;
@@ -43,12 +48,14 @@ class HostAllocator final : public Allocator {
   }
 
   void* allocate(size_t bytes) override {
+    g_allocation_calls.fetch_add(1, std::memory_order_relaxed);
     check_size(bytes);
     if (bytes >= kLargeBlock) return allocate_large(bytes, false);
     return allocate_small(bytes);
   }
 
   void* allocate_zeroed(size_t bytes) override {
+    g_allocation_calls.fetch_add(1, std::memory_order_relaxed);
     check_size(bytes);
     if (bytes >= kLargeBlock) return allocate_large(bytes, true);
     void* p = allocate_small(bytes);
@@ -194,5 +201,7 @@ Allocator& host_allocator() {
   static HostAllocator allocator;
   return allocator;
 }
+
+uint64_t host_allocation_count() { return g_allocation_calls.load(std::memory_order_relaxed); }
 
 }  // namespace tessera

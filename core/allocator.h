@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace tessera {
 
@@ -23,5 +24,8 @@ class Allocator {
 // The process-wide host allocator: aligned_alloc below 1 MiB; from 1 MiB, 2 MiB-aligned mmap
 // blocks on transparent huge pages, cached on free (up to 512 MiB) and reused. Thread-safe.
 Allocator& host_allocator();
+// allocate/allocate_zeroed calls the host allocator has served so far, cached blocks included.
+// Its large blocks come from mmap, not malloc: tests/allocation_counter.h counts them by this.
+uint64_t host_allocation_count();
 
 }  // namespace tessera

@@ -371,17 +371,22 @@ void Attention::forward_into(const Tensor& x, Tensor& out, Workspace& ws,
   // tensor outside load_state_dict/reset_parameters; then pack a private copy for this call
   // (forward is const and may run on several threads, so it must not rebind; this is the one
   // case in which a forward allocates).
-  Tensor wqkv = qkv_weight_, bqkv = qkv_bias_;
+  // (Pointers, not Tensor copies: copying a Tensor copies its shape, a heap allocation.)
+  const Tensor* wqkv = &qkv_weight_;
+  const Tensor* bqkv = &qkv_bias_;
+  Tensor private_w, private_b;
   if (!packed_qkv_bound()) {
-    wqkv = Tensor::empty({D3, D}, DType::F32);
-    if (bqkv.defined()) bqkv = Tensor::empty({D3}, DType::F32);
-    copy_qkv_into(params_, D, wqkv, bqkv);
+    private_w = Tensor::empty({D3, D}, DType::F32);
+    if (qkv_bias_.defined()) private_b = Tensor::empty({D3}, DType::F32);
+    copy_qkv_into(params_, D, private_w, private_b);
+    wqkv = &private_w;
+    bqkv = &private_b;
   }
 
   // 1. q | k | v = x [Wq; Wk; Wv]^T + [bq; bk; bv]: one [rows, D] x [D, 3D] GEMM.
   float* qkv_p = s.qkv;
-  linear_forward_f32(device, rows, D, D3, x.data<float>(), D, wqkv.data<float>(),
-                     bqkv.defined() ? bqkv.data<float>() : nullptr, qkv_p, D3, s.linear);
+  linear_forward_f32(device, rows, D, D3, x.data<float>(), D, wqkv->data<float>(),
+                     bqkv->defined() ? bqkv->data<float>() : nullptr, qkv_p, D3, s.linear);
 
   // 2. RoPE on the q and k column blocks, in place. Tables [T, hd/2], rebuilt for this T:
   //    theta_i = 10000^(-2i/hd) rounded once to float32 (computed in double: in float32 the

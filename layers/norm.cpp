@@ -65,8 +65,11 @@ void LayerNorm::forward_into(const Tensor& x, Tensor& y, const std::string& wher
   if (x.dim() < 1 || x.size(-1) != dim_)
     fail(ErrorCode::Shape, where,
          "x " + x.shape_str() + " does not end in the normalized dim D=" + std::to_string(dim_));
-  layer_norm_into(x, affine_ ? params_.tensor("weight") : Tensor(),
-                  affine_ ? params_.tensor("bias") : Tensor(), eps_, y, where);
+  // References, not copies: copying a Tensor copies its shape (a heap allocation per run).
+  static const Tensor kNone;
+  const Tensor& gamma = affine_ ? params_.tensor("weight") : kNone;
+  const Tensor& beta = affine_ ? params_.tensor("bias") : kNone;
+  layer_norm_into(x, gamma, beta, eps_, y, where);
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {
