@@ -4,12 +4,11 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/text.h"
 
 namespace tessera {
 
 namespace {
-
-std::string str(int64_t v) { return std::to_string(v); }
 
 std::string paren(const Dim& d) {
   return d.is_fixed() || is_symbol_name(d.text) ? d.str() : "(" + d.text + ")";

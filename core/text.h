@@ -7,6 +7,8 @@
 
 namespace tessera {
 
+// A number in a message: "3", "-2".
+inline std::string str(int64_t v) { return std::to_string(v); }
 // "a, b, c"
 std::string join(const std::vector<std::string>& items, const char* sep = ", ");
 // 4224 -> "4,224"

@@ -23,8 +23,6 @@ constexpr const char* kTable = "relative_position_bias_table";
 bool has_qkv_bias(const AttentionOptions& o) { return o.bias && o.qkv_bias; }
 bool has_out_bias(const AttentionOptions& o) { return o.bias && o.out_bias; }
 
-std::string str(int64_t v) { return std::to_string(v); }
-
 // Built by appending: GCC 12 -O3 reports a false -Wrestrict on `"(" + std::string` (PR105329).
 std::string spatial_str(const AttentionOptions& o) {
   std::string s = "(";

@@ -1,4 +1,5 @@
 #include "backends/cpu/cpu_device.h"
+#include "core/text.h"
 #include "layers/elementwise.h"
 
 #include <algorithm>
@@ -13,8 +14,6 @@
 namespace tessera {
 
 namespace {
-
-std::string str(int64_t v) { return std::to_string(v); }
 
 // Dims of at most kMaxRank, on the stack: the forward allocates nothing.
 using DimArray = std::array<int64_t, kMaxRank>;

@@ -49,8 +49,6 @@ namespace {
 constexpr const char* kWhere = "multihead_attention";
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-std::string str(int64_t v) { return std::to_string(v); }
-
 // Same storage, offset, shape, strides and dtype: the same values, read the same way. This is
 // PyTorch's `query is key` test made robust to views that were created separately.
 bool same_tensor(const Tensor& a, const Tensor& b) {

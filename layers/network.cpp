@@ -12,8 +12,6 @@ namespace tessera {
 
 namespace {
 
-std::string str(int64_t v) { return std::to_string(v); }
-
 // The dtype a network input has inside the graph: a float input is the plan dtype; a bool input
 // stays bool (a mask). Anything else cannot feed an op.
 DType graph_dtype(const NetworkInput& in, DType plan) {

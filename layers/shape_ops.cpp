@@ -10,12 +10,6 @@
 
 namespace tessera {
 
-namespace {
-
-std::string str(int64_t v) { return std::to_string(v); }
-
-}  // namespace
-
 void chunk_into(const Tensor& x, int64_t dim, std::span<Tensor* const> outs,
                 const std::string& where) {
   Tensor xs;
