@@ -92,11 +92,14 @@ int64_t shape_numel(const Shape& shape) {
 }
 
 Shape contiguous_strides(const Shape& shape) {
+  // Saturates instead of overflowing: a stride past INT64_MAX only arises for a shape with a zero
+  // dimension (e.g. {0, 2^40, 2^40}; a nonzero count that large is refused by shape_numel), whose
+  // strides never address memory. Callers may compute strides before validating the count.
   Shape strides(shape.size());
   int64_t s = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = s;
-    s *= std::max<int64_t>(shape[i], 1);
+    if (mul_overflows(s, std::max<int64_t>(shape[i], 1), &s)) s = INT64_MAX;
   }
   return strides;
 }

@@ -94,6 +94,10 @@ BOOST_AUTO_TEST_CASE(factories) {
   BOOST_TEST(empty0.numel() == 0);
   expect_error(ErrorCode::Shape, [] { Tensor::empty({-1, 2}); });
   expect_error(ErrorCode::Shape, [] { Tensor::empty({int64_t{1} << 40, int64_t{1} << 40}); });
+  // Zero elements however large the other dims: valid, and its strides do not overflow (UBSan).
+  Tensor huge_empty = Tensor::empty({0, int64_t{1} << 40, int64_t{1} << 40});
+  BOOST_TEST(huge_empty.numel() == 0);
+  BOOST_TEST(huge_empty.reshape({int64_t{1} << 40, 0, int64_t{1} << 40}).numel() == 0);
   expect_error(ErrorCode::DType, [] { Tensor::zeros({2}).data<double>(); });
 }
 
