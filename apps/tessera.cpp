@@ -1,4 +1,5 @@
-// The tessera command line (shared/docs/interfaces.md §3): run, summary, inspect and bench.
+// The tessera command line (shared/docs/interfaces.md §3, §5): run, summary, inspect, bench and
+// recipe.
 //
 // Files and arguments become library calls; every failure becomes one line on stderr,
 // "tessera: error: E_CODE: <where>: <what>", and an exit status: 2 for a user error (every
@@ -27,7 +28,9 @@
 #include "io/safetensors.h"
 #include "layers/network.h"
 #include "runtime/loader.h"
+#include "recipes/recipes.h"
 #include "runtime/session.h"
+#include "io/atomic_file.h"
 
 #ifndef TESSERA_VERSION
 #error "TESSERA_VERSION comes from meson (apps/meson.build)"
@@ -46,6 +49,7 @@ constexpr const char* kUsage =
     "  inspect FILE.safetensors\n"
     "  bench NET [--weights W.safetensors] --shape NAME=D0,D1,... [--threads N]\n"
     "            [--warmup K] [--reps R] [--json]\n"
+    "  recipe ARCH [--set NAME=VALUE]... [--output NET.json]\n"
     "\n"
     "NET is a network JSON file, or a .safetensors checkpoint carrying its network in the\n"
     "metadata key tessera.network. 'tessera <command> --help' describes a command's options;\n"
@@ -287,6 +291,56 @@ int cmd_summary(int argc, char** argv) {
   return 0;
 }
 
+// ------------------------------------------------------------------ recipe
+
+int cmd_recipe(int argc, char** argv) {
+  Command cmd("recipe",
+              "Write the network file of a PyTorch model (architectures: " + join(recipe_names()) +
+                  "); its state_dict then loads as is.");
+  // clang-format off
+  cmd.options.add_options()
+      ("arch", "Architecture", cxxopts::value<std::string>())
+      ("set", "A constructor keyword argument by its PyTorch name (repeatable); VALUE is JSON, "
+              "or else a string", cxxopts::value<std::string>(), "NAME=VALUE")
+      ("output", "Write here (atomically) instead of stdout", cxxopts::value<std::string>(),
+       "NET.json");
+  // clang-format on
+  cmd.options.parse_positional({"arch"});
+  cmd.options.positional_help("ARCH");
+  cmd.parse(argc, argv);
+  if (cmd.help()) {
+    std::cout << cmd.options.help();
+    return 0;
+  }
+  const std::string arch = cmd.required("arch", "ARCH (an architecture)");
+  std::vector<RecipeSetting> settings;
+  for (const std::string& s : cmd.all("set")) {
+    const size_t eq = s.find('=');
+    if (eq == std::string::npos || eq == 0)
+      fail(ErrorCode::Arg, "--set", "'" + s + "' is not NAME=VALUE");
+    const std::string text = s.substr(eq + 1);
+    // activation=gelu reads as the string "gelu"; image_size=384 as a number.
+    nlohmann::ordered_json value = nlohmann::ordered_json::parse(text, nullptr, false);
+    if (value.is_discarded()) value = text;
+    settings.emplace_back(s.substr(0, eq), std::move(value));
+  }
+  const nlohmann::ordered_json net = make_recipe(arch, settings);
+  const std::string text = net.dump(1) + "\n";
+  // What it writes resolves: a recipe that made a network the resolver refuses is our bug.
+  try {
+    Network::resolve(parse_network(text, "recipe " + arch));
+  } catch (const Error& e) {
+    fail(ErrorCode::Internal, "recipe " + arch, std::string("the network does not resolve: ") + e.what());
+  }
+  if (const auto out = cmd.optional("output")) {
+    write_file_atomically(*out, [&](int fd) { write_all(fd, text.data(), text.size(), *out); });
+  } else {
+    std::cout << text;
+  }
+  flush_warnings();
+  return 0;
+}
+
 // ------------------------------------------------------------------ inspect
 
 // Metadata values are free text: control characters are shown escaped to keep one line each.
@@ -480,7 +534,7 @@ int cmd_bench(int argc, char** argv) {
 
 int dispatch(int argc, char** argv, std::string& where) {
   if (argc < 2)
-    fail(ErrorCode::Arg, "tessera", "no command given (run, summary, inspect, bench; see --help)");
+    fail(ErrorCode::Arg, "tessera", "no command given (run, summary, inspect, bench, recipe; see --help)");
   const std::string command = argv[1];
   if (command == "--help" || command == "-h" || command == "help") {
     std::cout << kUsage;
@@ -496,9 +550,10 @@ int dispatch(int argc, char** argv, std::string& where) {
   if (command == "summary") return cmd_summary(argc - 1, argv + 1);
   if (command == "inspect") return cmd_inspect(argc - 1, argv + 1);
   if (command == "bench") return cmd_bench(argc - 1, argv + 1);
+  if (command == "recipe") return cmd_recipe(argc - 1, argv + 1);
   where = "tessera";
   fail(ErrorCode::Arg, "tessera",
-       "unknown command '" + command + "' (commands: run, summary, inspect, bench; see --help)");
+       "unknown command '" + command + "' (commands: run, summary, inspect, bench, recipe; see --help)");
 }
 
 void print_error(const std::string& message) {

@@ -464,6 +464,20 @@ Tensor Tensor::expand(const Shape& shape) const {
 
 // ---------------------------------------------------------------- copies
 
+Tensor Tensor::reinterpret(DType dtype, const Shape& shape) const {
+  if (!is_contiguous()) shape_error("Tensor::reinterpret", "the tensor is not contiguous");
+  int64_t bytes;
+  if (mul_overflows(shape_numel(shape), static_cast<int64_t>(dtype_size(dtype)), &bytes) ||
+      static_cast<size_t>(bytes) > nbytes())
+    shape_error("Tensor::reinterpret", shape_to_string(shape) + " of " + dtype_name(dtype) +
+                                           " does not fit in " + std::to_string(nbytes()) + " bytes");
+  const int64_t byte_offset = offset_ * static_cast<int64_t>(dtype_size(dtype_));
+  if (byte_offset % static_cast<int64_t>(dtype_size(dtype)) != 0)
+    fail(ErrorCode::DType, "Tensor::reinterpret", "the start is not aligned for " + std::string(dtype_name(dtype)));
+  return Tensor(storage_, dtype, shape, contiguous_strides(shape),
+                byte_offset / static_cast<int64_t>(dtype_size(dtype)));
+}
+
 void Tensor::copy_from(const Tensor& src) {
   if (src.shape_ != shape_)
     shape_error("Tensor::copy_from", "source " + shape_to_string(src.shape_) + " does not match " + shape_to_string(shape_));

@@ -112,6 +112,10 @@ class Tensor {
   Tensor squeeze(int64_t d) const;  // no-op when size(d) != 1, like PyTorch
   Tensor squeeze() const;           // all size-1 dims
   Tensor expand(const Shape& shape) const;  // broadcast size-1 dims with stride 0; -1 keeps
+  // The first product(shape) * dtype_size(dtype) bytes of this contiguous tensor's memory as a
+  // contiguous `shape` of `dtype` (a plan's float32 buffer holding int64 ids). E_SHAPE when they
+  // do not fit, E_DTYPE when the start is not aligned for `dtype`.
+  Tensor reinterpret(DType dtype, const Shape& shape) const;
 
   // ---- copies (new memory from host_allocator())
   Tensor contiguous() const;  // *this when already contiguous

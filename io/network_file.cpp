@@ -23,13 +23,15 @@ const char* json_type(const ojson& j) {
 
 namespace {
 
-// "x", "n0.weights": names of inputs and nodes become sources and PyTorch attribute names, so
-// they carry no '.' (which separates a node from its port) and are not empty.
+// Names of inputs and nodes become sources and PyTorch state_dict names. A node name may be a
+// nested module path ("encoder.layers.0.self_attn", interfaces.md §2), so '.' is allowed, but
+// not an empty segment ("a..b", ".a", "a."), which no module path has and which would make
+// "node.port" ambiguous.
 void check_name(const std::string& name, const std::string& what, const std::string& where) {
   if (name.empty()) fail(ErrorCode::Arg, where, what + " name is empty");
-  if (name.find('.') != std::string::npos)
+  if (name.front() == '.' || name.back() == '.' || name.find("..") != std::string::npos)
     fail(ErrorCode::Arg, where,
-         what + " name '" + name + "' contains '.' (reserved for node.port)");
+         what + " name '" + name + "' has an empty '.'-separated part");
 }
 
 SymShape parse_shape(const ojson& j, const std::string& input, const std::string& where) {

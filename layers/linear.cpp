@@ -5,6 +5,7 @@
 #include "backends/cpu/cpu_device.h"
 #include "core/parallel.h"
 #include "core/random.h"
+#include "core/text.h"
 #include "layers/op_args.h"
 
 namespace tessera {
@@ -203,6 +204,40 @@ class LinearLayer : public OpLayer {
   std::string where_;
 };
 
+// F.linear(x, weight, bias) with the weight another node's parameter (GPT's LM head reading
+// tok.weight): the layer holds only its bias.
+class SharedWeightLinearLayer : public OpLayer {
+ public:
+  SharedWeightLinearLayer(int64_t in, int64_t out, bool bias, std::optional<uint64_t> seed,
+                          std::string where)
+      : in_(in), out_(out), bias_(bias), where_(std::move(where)) {
+    if (!bias) return;
+    params_.add("bias", {out});
+    if (!seed) return;
+    Generator gen(*seed);
+    init_linear_bias(params_.mutable_tensor("bias"), gen, in);
+  }
+  ParameterSet* parameters() override { return bias_ ? &params_ : nullptr; }
+  void load(const std::map<std::string, Tensor>& state) override {
+    params_.load(state, false, where_);
+  }
+  void forward(std::span<const Tensor* const> in, std::span<Tensor* const> out,
+               Workspace& ws) const override {
+    const Tensor& x = *in[0];
+    const int64_t rows = x.numel() / in_;
+    float* scratch = ws.take<float>(linear_workspace_floats(cpu_device(), rows, in_, out_));
+    linear_forward_f32(cpu_device(), rows, in_, out_, rows ? x.data<float>() : nullptr, in_,
+                       in[1]->data<float>(), bias_ ? params_.tensor("bias").data<float>() : nullptr,
+                       rows ? out[0]->data<float>() : nullptr, out_, scratch);
+  }
+
+ private:
+  int64_t in_, out_;
+  bool bias_;
+  std::string where_;
+  ParameterSet params_;
+};
+
 class LinearOp : public Op {
  public:
   LinearOp(const NetworkNode& node, const std::string& where) : Op(where) {
@@ -213,7 +248,9 @@ class LinearOp : public Op {
     require_at_least(out_, 1, "out_features", where);
   }
   const char* name() const override { return "linear"; }
-  std::vector<PortSpec> input_ports() const override { return {{"x"}}; }
+  // `weight`, when connected, replaces the node's own weight parameter: a tied weight read by
+  // its full name ("tok.weight"), stored and counted once (interfaces.md §1).
+  std::vector<PortSpec> input_ports() const override { return {PortSpec{"x", false}, PortSpec{"weight", true}}; }
   std::vector<std::string> output_ports() const override { return {"out"}; }
 
   InferResult infer(const InputTypes& in, SymbolBindings&) const override {
@@ -226,7 +263,16 @@ class LinearOp : public Op {
     SymShape out = x.shape;
     out.back() = Dim::fixed(out_);
     r.outputs.push_back({out, DType::F32});
-    r.parameters.emplace_back("weight", Shape{out_, K});
+    if (in[1]) {
+      const ValueType& w = *in[1];
+      require_float("weight", w, "linear", where());
+      if (w.shape != fixed_shape(Shape{out_, K}))
+        fail(ErrorCode::Shape, where(),
+             named("weight", w) + " is not [out_features, in_features] = [" + str(out_) + ", " +
+                 str(K) + "]");
+    } else {
+      r.parameters.emplace_back("weight", Shape{out_, K});
+    }
     if (bias_) r.parameters.emplace_back("bias", Shape{out_});
     return r;
   }
@@ -243,6 +289,9 @@ class LinearOp : public Op {
   }
   std::unique_ptr<OpLayer> instantiate(const InputTypes& in,
                                        std::optional<uint64_t> seed) const override {
+    if (in[1])
+      return std::make_unique<SharedWeightLinearLayer>(in[0]->shape.back().value, out_, bias_,
+                                                       seed, where());
     return std::make_unique<LinearLayer>(in[0]->shape.back().value, out_, bias_, seed, where());
   }
 

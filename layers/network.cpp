@@ -13,13 +13,15 @@ namespace tessera {
 namespace {
 
 // The dtype a network input has inside the graph: a float input is the plan dtype; a bool input
-// stays bool (a mask). Anything else cannot feed an op.
+// stays bool (a mask); an integer one is int64 (token ids; int32 is widened). Anything else
+// cannot feed an op.
 DType graph_dtype(const NetworkInput& in, DType plan) {
   if (dtype_is_floating(in.dtype)) return plan;
   if (in.dtype == DType::Bool) return DType::Bool;
+  if (in.dtype == DType::I64 || in.dtype == DType::I32) return DType::I64;
   fail(ErrorCode::DType, "input " + in.name,
        std::string("dtype ") + dtype_name(in.dtype) +
-           " is not supported for network inputs (float types, or bool for masks)");
+           " is not supported for network inputs (float types, bool for masks, int64 for ids)");
 }
 
 SymShape substitute(const SymShape& shape, const SymbolBindings& bindings) {
@@ -74,42 +76,70 @@ struct Graph {
   std::vector<ResolvedNode> nodes;
   std::vector<int> inputs;
   std::vector<std::pair<std::string, int>> outputs;
+  std::map<std::pair<int, std::string>, int> parameter_values;  // (node, parameter) -> value
 };
 
-// Finds the value a source names, with a message that says why when there is none.
+// Finds the value a source names (interfaces.md §2), with a message that says why when there is
+// none: a network input of that name; else the longest node name that equals the source or is
+// followed in it by '.', and then what follows the '.': one of its output ports (none: the
+// first), or one of its parameters (a value made on first use, shared by later readers).
 class SourceTable {
  public:
   explicit SourceTable(const NetworkSpec& spec) {
+    for (size_t i = 0; i < spec.inputs.size(); ++i) input_index_[spec.inputs[i].name] = static_cast<int>(i);
     for (size_t i = 0; i < spec.nodes.size(); ++i)
       node_index_[spec.nodes[i].name] = static_cast<int>(i);
   }
-  void add(const std::string& name, int value) { by_name_[name] = value; }
 
   // `current` is the index of the node asking (nodes.size() for the network outputs).
-  int find(const std::string& source, const Graph& g, int current, const std::string& where,
+  int find(const std::string& source, Graph& g, int current, const std::string& where,
            const std::string& who) const {
-    const auto it = by_name_.find(source);
-    if (it != by_name_.end()) return it->second;
-    const size_t dot = source.find('.');
-    const std::string node = source.substr(0, dot);
-    const auto n = node_index_.find(node);
-    if (n != node_index_.end()) {
-      if (n->second >= current)
-        fail(ErrorCode::Arg, where,
-             who + ": source '" + source + "' refers to node " + node +
-                 (n->second == current ? ", this node itself" : ", which comes later") +
-                 " (nodes run in file order)");
-      const ResolvedNode& rn = g.nodes[static_cast<size_t>(n->second)];
-      fail(ErrorCode::Arg, where,
-           who + ": node " + node + " (" + rn.op->name() + ") has no output port '" +
-               source.substr(dot + 1) + "' (ports: " + join(rn.output_ports) + ")");
+    const auto in = input_index_.find(source);
+    if (in != input_index_.end()) return g.inputs[static_cast<size_t>(in->second)];
+    // Candidate node names, longest first: the whole source, then up to each '.' from the right.
+    size_t cut = source.size();
+    auto n = node_index_.end();
+    for (;;) {
+      n = node_index_.find(source.substr(0, cut));
+      if (n != node_index_.end() || cut == 0) break;
+      const size_t dot = source.rfind('.', cut - 1);
+      if (dot == std::string::npos) break;
+      cut = dot;
     }
+    if (n == node_index_.end())
+      fail(ErrorCode::Arg, where,
+           who + ": unknown source '" + source + "' (not a network input or a node)");
+    const std::string& node = n->first;
+    if (n->second >= current)
+      fail(ErrorCode::Arg, where,
+           who + ": source '" + source + "' refers to node " + node +
+               (n->second == current ? ", this node itself" : ", which comes later") +
+               " (nodes run in file order)");
+    const ResolvedNode& rn = g.nodes[static_cast<size_t>(n->second)];
+    if (cut == source.size()) return rn.outputs[0];
+    const std::string rest = source.substr(cut + 1);
+    for (size_t k = 0; k < rn.output_ports.size(); ++k)
+      if (rn.output_ports[k] == rest) return rn.outputs[k];
+    for (const auto& [param, shape] : rn.parameters) {
+      if (param != rest) continue;
+      const auto key = std::make_pair(n->second, param);
+      const auto it = g.parameter_values.find(key);
+      if (it != g.parameter_values.end()) return it->second;
+      const int id = static_cast<int>(g.values.size());
+      g.values.push_back({source, {fixed_shape(shape), DType::F32, {}}, n->second, -1, param});
+      g.parameter_values.emplace(key, id);
+      return id;
+    }
+    std::vector<std::string> params;
+    for (const auto& p : rn.parameters) params.push_back(p.first);
     fail(ErrorCode::Arg, where,
-         who + ": unknown source '" + source + "' (not a network input or a node)");
+         who + ": node " + node + " (" + rn.op->name() + ") has no output port or parameter '" +
+             rest + "' (ports: " + join(rn.output_ports) +
+             (params.empty() ? std::string() : "; parameters: " + join(params)) + ")");
   }
 
  private:
-  std::map<std::string, int> by_name_;
+  std::map<std::string, int> input_index_;
   std::map<std::string, int> node_index_;
 };
 
@@ -121,9 +151,8 @@ Graph build(const NetworkSpec& spec, const std::vector<std::shared_ptr<const Op>
   SourceTable sources(spec);
   for (size_t i = 0; i < spec.inputs.size(); ++i) {
     const int id = static_cast<int>(g.values.size());
-    g.values.push_back({spec.inputs[i].name, input_types[i], -1, static_cast<int>(i)});
+    g.values.push_back({spec.inputs[i].name, input_types[i], -1, static_cast<int>(i), {}});
     g.inputs.push_back(id);
-    sources.add(spec.inputs[i].name, id);
   }
   for (size_t i = 0; i < spec.nodes.size(); ++i) {
     const NetworkNode& node = spec.nodes[i];
@@ -153,10 +182,8 @@ Graph build(const NetworkSpec& spec, const std::vector<std::shared_ptr<const Op>
       const int id = static_cast<int>(g.values.size());
       const std::string full = node.name + "." + rn.output_ports[j];
       g.values.push_back({j == 0 ? node.name : full, std::move(r.outputs[j]), static_cast<int>(i),
-                          static_cast<int>(j)});
+                          static_cast<int>(j), {}});
       rn.outputs.push_back(id);
-      sources.add(full, id);
-      if (j == 0) sources.add(node.name, id);  // a node name is its first output port
     }
     g.nodes.push_back(std::move(rn));
   }
@@ -213,7 +240,7 @@ Network Network::resolve(const NetworkSpec& spec,
   for (;;) {
     std::vector<ValueType> types = declared;
     for (ValueType& t : types) t.shape = substitute(t.shape, bindings);
-    SymbolBindings fixed_now;
+    SymbolBindings fixed_now = bindings;
     Graph g = build(spec, ops, types, fixed_now);
     bool grew = false;
     for (const auto& [sym, value] : fixed_now) grew |= bindings.emplace(sym, value).second;
@@ -229,7 +256,16 @@ Network Network::resolve(const NetworkSpec& spec,
   return net;
 }
 
+std::string parameter_key(const std::string& node, const std::string& param) {
+  if (param.empty()) return node;
+  std::string key = node;
+  key += '.';
+  key += param;
+  return key;
+}
+
 int64_t Network::parameter_count() const {
+  // A node reading another's parameter declares none itself: each tensor is counted once.
   int64_t n = 0;
   for (const ResolvedNode& node : nodes_)
     for (const auto& p : node.parameters) n += shape_numel(p.second);
@@ -295,10 +331,20 @@ std::vector<ValueType> Network::bind(const std::vector<ValueType>& inputs) const
   }
   std::vector<std::shared_ptr<const Op>> ops;
   for (const ResolvedNode& n : nodes_) ops.push_back(n.op);
-  SymbolBindings unused;
-  Graph g = build(spec_, ops, types, unused);
+  // Symbols the network fixed itself (resolve's bindings_) are bound again by the ops that fix
+  // them; those the inputs bound are known to every op (a reshape to ["B", -1]).
+  Graph g = build(spec_, ops, types, bindings);
   std::vector<ValueType> out;
-  for (NetworkValue& v : g.values) out.push_back(std::move(v.type));
+  for (NetworkValue& v : g.values) {
+    // A symbol an argument names (reshape to ["C", -1]) that no input binds stays open.
+    for (const Dim& d : v.type.shape)
+      if (!d.is_fixed())
+        fail(ErrorCode::Shape,
+             v.producer >= 0 ? nodes_[static_cast<size_t>(v.producer)].op->where() : v.name,
+             "value " + v.name + " has shape " + sym_shape_to_string(v.type.shape) + ": " + d.text +
+                 " is bound by no input");
+    out.push_back(std::move(v.type));
+  }
   return out;
 }
 
@@ -340,26 +386,60 @@ Model::Model(Network network, std::optional<uint64_t> seed) : network_(std::move
   }
 }
 
+namespace {
+
+// Whether checkpoint tensor `t` holds exactly the buffer value `want` (any number dtype).
+bool same_values(const Tensor& t, const Tensor& want) {
+  return t.shape() == want.shape() && t.to_double_vector() == want.to_double_vector();
+}
+
+}  // namespace
+
 WeightsReport Model::load_weights(const std::map<std::string, Tensor>& state, bool strict,
                                   const std::string& where,
                                   const std::map<std::string, std::string>& unusable) {
   std::vector<std::string> missing, unexpected, misshaped;
-  std::set<std::string> declared;
+  std::set<std::string> declared;  // every key that is a parameter or a persistent buffer
   const auto& nodes = network_.nodes();
+  // Per node: its parameters' checkpoint tensors, by name within the node.
+  std::vector<std::map<std::string, Tensor>> subs(nodes.size());
   for (size_t i = 0; i < nodes.size(); ++i) {
+    for (const auto& [name, value] : nodes[i].op->persistent_buffers()) {
+      const std::string key = parameter_key(nodes[i].name, name);
+      declared.insert(key);
+      const auto it = state.find(key);
+      if (it != state.end() && !same_values(it->second, value))
+        misshaped.push_back(key + " (a buffer; not the value " + nodes[i].op->where() +
+                            " computes from its arguments)");
+      else if (it == state.end() && unusable.count(key))
+        misshaped.push_back(key + " (dtype " + unusable.at(key) + " is not a number type tessera reads)");
+    }
     const ParameterSet* ps = layers_[i]->parameters();
     if (!ps) continue;
-    const std::string prefix = nodes[i].name + ".";
-    for (const Parameter& p : ps->all()) declared.insert(prefix + p.name);
-    LoadResult r = ps->check(state, prefix);
-    for (std::string& m : r.missing) {
-      const auto u = unusable.find(m);
-      if (u != unusable.end())
-        misshaped.push_back(m + " (dtype " + u->second + " is not a number type tessera reads)");
-      else
-        missing.push_back(std::move(m));
+    std::map<std::string, std::string> key_of;  // name within the node -> checkpoint key
+    for (const Parameter& p : ps->all()) {
+      const std::string key = parameter_key(nodes[i].name, p.name);
+      declared.insert(key);
+      key_of[p.name] = key;
+      const auto it = state.find(key);
+      if (it != state.end()) subs[i].emplace(p.name, it->second);
     }
-    for (std::string& m : r.misshaped) misshaped.push_back(std::move(m));
+    // check() names keys as given: rename "weight" back to "n0.weight".
+    auto full = [&](const std::string& reported) {
+      for (const auto& [name, key] : key_of)
+        if (reported == name || reported.starts_with(name + " ")) return key + reported.substr(name.size());
+      return reported;
+    };
+    LoadResult r = ps->check(subs[i], "");
+    for (const std::string& m : r.missing) {
+      const std::string key = full(m);
+      const auto u = unusable.find(key);
+      if (u != unusable.end())
+        misshaped.push_back(key + " (dtype " + u->second + " is not a number type tessera reads)");
+      else
+        missing.push_back(key);
+    }
+    for (const std::string& m : r.misshaped) misshaped.push_back(full(m));
   }
   for (const auto& entry : state)
     if (!declared.count(entry.first)) unexpected.push_back(entry.first);
@@ -371,15 +451,8 @@ WeightsReport Model::load_weights(const std::map<std::string, Tensor>& state, bo
     fail(ErrorCode::Weights, where,
          strict ? describe_weight_problems(missing, unexpected, misshaped)
                 : describe_weight_problems({}, {}, misshaped));
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (!layers_[i]->parameters()) continue;
-    const std::string prefix = nodes[i].name + ".";
-    std::map<std::string, Tensor> sub;
-    for (auto it = state.lower_bound(prefix); it != state.end() && it->first.starts_with(prefix);
-         ++it)
-      if (declared.count(it->first)) sub.emplace(it->first.substr(prefix.size()), it->second);
-    if (!sub.empty()) layers_[i]->load(sub);
-  }
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (layers_[i]->parameters() && !subs[i].empty()) layers_[i]->load(subs[i]);
   return {std::move(missing), std::move(unexpected)};
 }
 
@@ -388,7 +461,7 @@ std::map<std::string, Tensor> Model::state_dict() const {
   const auto& nodes = network_.nodes();
   for (size_t i = 0; i < nodes.size(); ++i)
     if (const ParameterSet* ps = layers_[i]->parameters())
-      for (const Parameter& p : ps->all()) out[nodes[i].name + "." + p.name] = p.value;
+      for (const Parameter& p : ps->all()) out[parameter_key(nodes[i].name, p.name)] = p.value;
   return out;
 }
 
@@ -414,27 +487,39 @@ void check_input_names(const NetworkSpec& spec, const std::map<std::string, Tens
              " (inputs: " + join(names) + ")");
 }
 
-// The graph types of the inputs as given: a float input is the plan dtype, a mask bool.
+// The graph types of the inputs as given: a float input is the plan dtype, a mask bool, ids
+// int64 (stored I64 or I32).
 std::vector<ValueType> graph_input_types(const Network& net,
                                          const std::map<std::string, TensorDesc>& inputs) {
   std::vector<ValueType> in_types;
-  for (const NetworkInput& in : net.spec().inputs) {
+  for (size_t i = 0; i < net.spec().inputs.size(); ++i) {
+    const NetworkInput& in = net.spec().inputs[i];
     const TensorDesc& d = inputs.at(in.name);
-    const bool mask = in.dtype == DType::Bool;
+    const DType declared = net.values()[static_cast<size_t>(net.inputs()[i])].type.dtype;
     DType t;
-    if (dtype_is_floating(d.dtype))
+    if (declared == DType::I64 && (d.dtype == DType::I64 || d.dtype == DType::I32))
+      t = DType::I64;
+    else if (declared != DType::I64 && dtype_is_floating(d.dtype))
       t = net.dtype();
-    else if (mask && d.dtype == DType::Bool)
+    else if (declared == DType::Bool && d.dtype == DType::Bool)
       t = DType::Bool;
     else
-      fail(
-          ErrorCode::DType, "input " + in.name,
-          std::string("dtype ") + dtype_safetensors_name(d.dtype) + " is not accepted (" +
-              (mask ? "a mask is BOOL or a float type" : "float inputs are F32, F16, BF16 or F64") +
-              ")");
-    in_types.push_back({fixed_shape(d.shape), t});
+      fail(ErrorCode::DType, "input " + in.name,
+           std::string("dtype ") + dtype_safetensors_name(d.dtype) + " is not accepted (" +
+               (declared == DType::I64  ? "an int64 input takes I64 or I32"
+                : declared == DType::Bool ? "a mask is BOOL or a float type"
+                                          : "float inputs are F32, F16, BF16 or F64") +
+               ")");
+    in_types.push_back({fixed_shape(d.shape), t, {}});
   }
   return in_types;
+}
+
+// Floats of a plan buffer that hold a value of `type` (buffers are float32; an int64 value
+// takes two floats per element).
+int64_t buffer_floats(const ValueType& type) {
+  const int64_t bytes = shape_numel(concrete_shape(type.shape)) * static_cast<int64_t>(dtype_size(type.dtype));
+  return (bytes + static_cast<int64_t>(sizeof(float)) - 1) / static_cast<int64_t>(sizeof(float));
 }
 
 // Which buffer holds each value (-1: none) and each buffer's size in floats.
@@ -465,7 +550,7 @@ BufferAssignment assign_buffers(const Network& net, const std::vector<ValueType>
   std::vector<int> free_list;
   for (size_t i = 0; i < nodes.size(); ++i) {
     for (int id : nodes[i].outputs) {
-      const int64_t need = shape_numel(concrete_shape(types[static_cast<size_t>(id)].shape));
+      const int64_t need = buffer_floats(types[static_cast<size_t>(id)]);
       int best = -1;
       for (int b : free_list)
         if (capacity[static_cast<size_t>(b)] >= need &&
@@ -509,6 +594,7 @@ void check_run_memory(const Model& model, const std::map<std::string, TensorDesc
     const double n = elements(d.shape);
     bytes += n * static_cast<double>(dtype_size(d.dtype));
     if (dtype_is_floating(d.dtype) && d.dtype != DType::F32) bytes += n * sizeof(float);
+    if (d.dtype == DType::I32) bytes += n * sizeof(int64_t);  // widened to int64
     shapes += (shapes.empty() ? "" : ", ") + in.name + "=" + shape_to_string(d.shape);
   }
   for (int64_t cap : capacity) bytes += static_cast<double>(cap) * sizeof(float);
@@ -545,13 +631,19 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs) 
   planned_.resize(n_values);
   values_.resize(n_values);
   for (size_t v = 0; v < n_values; ++v) {
+    const NetworkValue& nv = net.values()[v];
+    if (nv.port < 0) {  // a node's parameter another node reads: the tensor itself, no buffer
+      values_[v] = model.layer(static_cast<size_t>(nv.producer)).parameters()->tensor(nv.parameter);
+      continue;
+    }
     const int b = value_buffer_[v];
     if (b < 0) continue;
-    const Shape shape = concrete_shape(types_[v].shape);
-    planned_[v] = buffers_[static_cast<size_t>(b)].narrow(0, 0, shape_numel(shape)).view(shape);
+    planned_[v] = buffers_[static_cast<size_t>(b)].reinterpret(
+        types_[v].dtype, concrete_shape(types_[v].shape));
     values_[v] = planned_[v];
   }
-  // Float inputs stored in another dtype are converted into a float32 buffer of their own.
+  // Float inputs stored in another dtype are converted into a float32 buffer of their own, int32
+  // ids into an int64 one.
   input_conversion_.resize(spec.inputs.size());
   for (size_t i = 0; i < spec.inputs.size(); ++i) {
     const TensorDesc& d = inputs.at(spec.inputs[i].name);
@@ -559,6 +651,7 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs) 
     input_shapes_.push_back(d.shape);
     if (dtype_is_floating(d.dtype) && d.dtype != DType::F32)
       input_conversion_[i] = Tensor::empty(d.shape);
+    if (d.dtype == DType::I32) input_conversion_[i] = Tensor::empty(d.shape, DType::I64);
   }
 
   node_in_.resize(nodes.size());
@@ -593,12 +686,15 @@ const std::vector<std::pair<std::string, Tensor>>& Plan::run(
       fail(ErrorCode::DType, "input " + name,
            std::string("dtype ") + dtype_safetensors_name(t.dtype()) + " is not the planned " +
                dtype_safetensors_name(input_dtype_[i]));
-    if (want.dtype == DType::Bool || (t.dtype() == DType::F32 && t.is_contiguous())) {
+    const DType graph = want.dtype == DType::Bool ? DType::Bool
+                        : want.dtype == DType::I64 ? DType::I64
+                                                   : DType::F32;
+    if (graph == DType::Bool || (t.dtype() == graph && t.is_contiguous())) {
       values_[id] = t;
     } else {
-      // Another float dtype (buffer made at construction), or a strided float32 input (buffer
-      // made on first need, then reused).
-      if (!input_conversion_[i].defined()) input_conversion_[i] = Tensor::empty(t.shape());
+      // Another float dtype or int32 ids (buffer made at construction), or a strided input
+      // (buffer made on first need, then reused).
+      if (!input_conversion_[i].defined()) input_conversion_[i] = Tensor::empty(t.shape(), graph);
       input_conversion_[i].copy_from(t);
       values_[id] = input_conversion_[i];
     }

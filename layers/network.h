@@ -22,13 +22,19 @@
 
 namespace tessera {
 
-// A value of the network: a network input or one output port of a node.
+// A value of the network: a network input, one output port of a node, or a parameter of a node
+// that another node reads (a tied LM head reading "tok.weight").
 struct NetworkValue {
-  std::string name;   // as a source names it: "x", "n0" (its first port), "n0.weights"
+  std::string name;   // as a source names it: "x", "n0" (its first port), "n0.weights", "tok.weight"
   ValueType type;     // as resolved: open dims stay symbolic unless something fixed them
   int producer = -1;  // node index; -1 for a network input
-  int port = 0;       // the producer's output port, or the network input's index
+  int port = 0;       // the producer's output port, the network input's index, or -1 (a parameter)
+  std::string parameter;  // for port -1: the producer's parameter, by its name within the node
 };
+
+// A parameter's state_dict key: "<node>.<param>", or the node's own name for the one unnamed
+// parameter of a node that is a learned tensor (ViT's "class_token", interfaces.md §1).
+std::string parameter_key(const std::string& node, const std::string& param);
 
 struct ResolvedNode {
   std::string name;
@@ -42,7 +48,9 @@ struct ResolvedNode {
 
 class Network {
  public:
-  // Resolves `spec`. `input_shapes` fixes the shapes of some inputs (summary --shape); the
+  // Resolves `spec`: a source names a network input, else the node with the longest name that
+  // equals it or is followed in it by '.', then one of the node's output ports or parameters
+  // (interfaces.md §2). `input_shapes` fixes the shapes of some inputs (summary --shape); the
   // symbols they bind are bound everywhere. Errors: E_ARG (unknown op, argument, port, source or
   // input name; wrong argument type), E_CONSTRAINT, E_SHAPE, E_DTYPE, E_UNSUPPORTED (a plan
   // dtype other than float32).
@@ -57,6 +65,8 @@ class Network {
   const std::vector<std::pair<std::string, int>>& outputs() const { return outputs_; }
   // Symbols fixed by input_shapes or by the network itself (a spatial_shape grid fixes T).
   const SymbolBindings& bindings() const { return bindings_; }
+  // Elements of every parameter, each once (PyTorch's model.parameters(): a tensor another node
+  // reads is still counted once; persistent buffers are not parameters).
   int64_t parameter_count() const;
 
   // The text `tessera summary` prints (interfaces.md §3), newline-terminated lines.

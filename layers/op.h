@@ -34,7 +34,12 @@ namespace tessera {
 // The type of a value flowing between nodes.
 struct ValueType {
   SymShape shape;
-  DType dtype = DType::F32;  // the plan dtype for computed values; bool (or float) for masks
+  // The plan dtype for computed values; bool (or float) for masks; int64 for indices (token ids).
+  DType dtype = DType::F32;
+  // For int64 values known to lie in [0, limit) (arange's positions): lets an embedding refuse a
+  // sequence longer than its table when the plan is made, before anything runs. The default Dim
+  // (neither fixed nor a symbol) means unknown.
+  Dim index_limit = {};
 };
 
 struct PortSpec {
@@ -47,7 +52,8 @@ struct InferResult {
   std::vector<std::pair<std::string, Shape>> parameters;  // name within the node -> shape
 };
 
-// Symbols an op fixed while inferring (an attention grid fixes T: H*W == T).
+// Symbols bound so far: by the inputs, or fixed by an op while inferring (an attention grid fixes
+// T: H*W == T). Ops read it to resolve symbols their arguments name (reshape to ["B", -1]).
 using SymbolBindings = std::map<std::string, int64_t>;
 
 // What one forward on concrete input types costs.
@@ -111,8 +117,8 @@ class Op {
   virtual std::vector<PortSpec> input_ports() const = 0;
   virtual std::vector<std::string> output_ports() const = 0;
   // Checks every constraint and shape it can (E_CONSTRAINT, E_SHAPE, E_DTYPE); a check that
-  // involves an open dimension waits until the dimension is bound. May fix symbols in `bound`
-  // (E_CONSTRAINT on a conflict).
+  // involves an open dimension waits until the dimension is bound. `bound` holds the symbols
+  // bound so far; the op may fix more in it (E_CONSTRAINT on a conflict).
   virtual InferResult infer(const InputTypes& in, SymbolBindings& bound) const = 0;
   // On concrete input types that infer() accepted.
   virtual OpCost cost(const InputTypes& in) const = 0;
@@ -123,6 +129,11 @@ class Op {
     (void)in;
     return 0.0;
   }
+  // Persistent buffers a state_dict carries for this node (Swin's relative_position_index), as
+  // the op computes them from its arguments: name within the node -> value. A checkpoint may
+  // omit them; one it carries must equal them (E_WEIGHTS otherwise). Not parameters: not
+  // counted, not loaded.
+  virtual std::vector<std::pair<std::string, Tensor>> persistent_buffers() const { return {}; }
   // The op with its parameters, initialised from `seed` as the layer's reset does; without a
   // seed nothing is drawn (parameters stay zero, layer_norm's take their constant ones) and
   // large ones stay untouched memory, for a caller that loads every one next (a complete

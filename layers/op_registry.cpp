@@ -19,6 +19,9 @@ std::unique_ptr<Op> make_add_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_relu_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_chunk_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_concat_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_embedding_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_arange_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_parameter_op(const NetworkNode&, const std::string&);
 
 namespace {
 
@@ -38,6 +41,9 @@ constexpr OpEntry kOps[] = {
     {"chunk", make_chunk_op},                              // layers/shape_ops.cpp
     {"concat", make_concat_op},                            // layers/shape_ops.cpp
     {"relu", make_relu_op},                                // layers/elementwise.cpp
+    {"embedding", make_embedding_op},                      // layers/embedding.cpp
+    {"arange", make_arange_op},                            // layers/embedding.cpp
+    {"parameter", make_parameter_op},                      // layers/embedding.cpp
 };
 
 }  // namespace

@@ -227,6 +227,15 @@ Tensor randn(const Shape& shape, uint64_t seed) {
   return Tensor::randn(shape, g);
 }
 
+// Token ids in [0, vocab).
+Tensor ids(const Shape& shape, int64_t vocab, uint64_t seed) {
+  Generator g(seed);
+  Tensor t = Tensor::empty(shape, DType::I64);
+  auto* p = t.data<int64_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<int64_t>(g.next_u64() % static_cast<uint64_t>(vocab));
+  return t;
+}
+
 Tensor mask(const Shape& shape, uint64_t seed) {
   Generator g(seed);
   Tensor m = Tensor::empty(shape, DType::Bool);
@@ -283,6 +292,19 @@ std::vector<PlanCase> plan_cases() {
         {"v", randn({2, 50, 16}, 11)},
         {"kpm", mask({2, 50}, 12)},
         {"am", randn({40, 50}, 13)}}},
+      {"embeddings, positions, a learned tensor, a tied head", R"({"inputs": {"ids":
+         {"shape": [2, 40], "dtype": "int64"}}, "nodes": [
+         {"name": "tok", "op": "embedding", "args": {"num_embeddings": 50, "embedding_dim": 64},
+          "inputs": {"x": "ids"}},
+         {"name": "positions", "op": "arange", "args": {"dim": 1}, "inputs": {"like": "ids"}},
+         {"name": "pos", "op": "embedding", "args": {"num_embeddings": 40, "embedding_dim": 64},
+          "inputs": {"x": "positions"}},
+         {"name": "bias", "op": "parameter", "args": {"shape": [1, 1, 64]}},
+         {"name": "a", "op": "add", "inputs": {"a": "tok", "b": "pos"}},
+         {"name": "b", "op": "add", "inputs": {"a": "a", "b": "bias"}},
+         {"name": "head", "op": "linear", "args": {"out_features": 50, "bias": false},
+          "inputs": {"x": "b", "weight": "tok.weight"}}], "outputs": {"y": "head"}})",
+       {{"ids", ids({2, 40}, 50, 15)}}},
       {"mha causal, no weights (fused)", R"({"inputs": {"q": [1, 300, 64]}, "nodes": [{"name": "m",
          "op": "multihead_attention", "args": {"embed_dim": 64, "num_heads": 4,
          "batch_first": true, "need_weights": false, "is_causal": true},

@@ -117,6 +117,12 @@ struct OpInput {
     return *this;
   }
 
+  // The same input on another port.
+  OpInput& named(std::string name) {
+    port = std::move(name);
+    return *this;
+  }
+
   // The port reads the same network input as port `of` (listed before it): one tensor passed
   // to both, as `{"query": "x", "key": "x"}` does.
   static OpInput alias(std::string port, std::string of) {
@@ -209,6 +215,28 @@ std::vector<OpCase> linear_cases() {
   add(x_input({3, 17}).as(DType::F16), 9, true);
   add(x_input({2, 33}).as(DType::BF16), 8, true);
   add(x_input({4, 9}).transposed(), 16, true);
+  // The weight another node's parameter (a tied LM head): given on the `weight` port, the node
+  // owns only its bias; on both kernel paths (small, and the packed one at >= 32 rows).
+  auto tied = [&](Shape x_shape, int64_t out, bool bias) {
+    OpCase c;
+    c.args["out_features"] = out;
+    if (!bias) c.args["bias"] = false;
+    const int64_t K = x_shape.back();
+    c.inputs = {x_input(std::move(x_shape)), OpInput("weight", {out, K})};
+    c.reference = [out, bias](const Inputs& in, const Params& p) {
+      const Tensor& x = input(in, "x");
+      const int64_t K = x.size(-1), rows = x.numel() / K;
+      BOOST_TEST(p.count("weight") == 0u);  // not the node's own
+      BOOST_TEST(p.count("bias") == (bias ? 1u : 0u));
+      return std::vector<Expected>{{with_last(x.shape(), out),
+                                    f64::linear(x.to_double_vector(), rows, K,
+                                                input(in, "weight").to_double_vector(), out,
+                                                f64::param(p, "bias"))}};
+    };
+    cases.push_back(c);
+  };
+  tied({2, 3, 17}, 9, false);
+  tied({40, 96}, 131, true);
   return cases;
 }
 
@@ -289,6 +317,81 @@ std::vector<OpCase> relu_cases() {
   add(x_input({1000}));  // 62 AVX-512 vectors and a tail of 8
   add(x_input({2, 17}).as(DType::F16));
   add(x_input({9, 4}).transposed());
+  return cases;
+}
+
+// Int64 ids as given: every row of a 9-row table, negative-free, repeated ids.
+Tensor ids_tensor(const std::vector<int64_t>& ids, const Shape& shape, DType stored = DType::I64) {
+  return Tensor::from_vector(ids, shape).to(stored);
+}
+
+std::vector<OpCase> embedding_cases() {
+  std::vector<OpCase> cases;
+  auto add = [&](Tensor ids, int64_t num, int64_t dim, ojson extra = ojson::object()) {
+    OpCase c;
+    c.args = extra;
+    c.args["num_embeddings"] = num;
+    c.args["embedding_dim"] = dim;
+    c.inputs = {OpInput("x", std::move(ids))};
+    c.tolerance = 0.0;  // a row copy
+    c.reference = [dim](const Inputs& in, const Params& p) {
+      const Tensor& x = input(in, "x");
+      const std::vector<double> w = f64::param(p, "weight");
+      std::vector<double> y;
+      for (double id : x.to_double_vector())
+        for (int64_t j = 0; j < dim; ++j) y.push_back(w[static_cast<size_t>(id) * static_cast<size_t>(dim) + static_cast<size_t>(j)]);
+      Shape shape = x.shape();
+      shape.push_back(dim);
+      return std::vector<Expected>{{shape, y}};
+    };
+    cases.push_back(c);
+  };
+  for (const int64_t d : kTails) add(ids_tensor({0, 8, 3, 3, 5, 1}, {2, 3}), 9, d);
+  add(ids_tensor({4}, {1}), 5, 16);
+  add(ids_tensor({2, 0, 1}, {3}, DType::I32), 3, 7);  // int32 ids, widened by the plan
+  add(ids_tensor({}, {0, 4}), 4, 8);                  // no ids
+  add(ids_tensor({0, 1, 2, 1}, {4}), 3, 9, {{"padding_idx", -2}});  // forward ignores it
+  std::vector<int64_t> many;
+  for (int64_t i = 0; i < 300; ++i) many.push_back((i * 37) % 50);
+  add(ids_tensor(many, {3, 100}), 50, 33);  // several row tasks
+  return cases;
+}
+
+std::vector<OpCase> arange_cases() {
+  std::vector<OpCase> cases;
+  auto add = [&](Shape like, int64_t dim) {
+    OpCase c;
+    c.args["dim"] = dim;
+    c.inputs = {x_input(std::move(like)).named("like")};
+    c.tolerance = 0.0;
+    c.reference = [dim](const Inputs& in, const Params&) {
+      const Tensor& like = input(in, "like");
+      const int64_t n = like.size(dim);
+      std::vector<double> y;
+      for (int64_t i = 0; i < n; ++i) y.push_back(static_cast<double>(i));
+      return std::vector<Expected>{{Shape{n}, y}};
+    };
+    cases.push_back(c);
+  };
+  add({2, 5}, 1);
+  add({2, 5}, -2);
+  add({3, 0, 4}, 1);
+  add({1, 33, 2}, -2);
+  return cases;
+}
+
+std::vector<OpCase> parameter_cases() {
+  std::vector<OpCase> cases;
+  for (const Shape& shape : {Shape{1, 1, 9}, Shape{1, 17, 16}, Shape{}, Shape{3, 0}}) {
+    OpCase c;
+    c.args["shape"] = shape;
+    c.args["std"] = 0.02;
+    c.tolerance = 0.0;
+    c.reference = [shape](const Inputs&, const Params& p) {
+      return std::vector<Expected>{{shape, f64::param(p, "")}};
+    };
+    cases.push_back(c);
+  }
   return cases;
 }
 
@@ -696,6 +799,8 @@ const CaseList kCaseLists[] = {
     {"gelu", gelu_cases},           {"add", add_cases},
     {"chunk", chunk_cases},         {"concat", concat_cases},
     {"relu", relu_cases},
+    {"embedding", embedding_cases}, {"arange", arange_cases},
+    {"parameter", parameter_cases},
 };
 
 // ---------------------------------------------------------------- the harness
@@ -745,7 +850,9 @@ Tensor draw(const OpInput& i, Generator& gen) {
 // The input as the op sees it (OpLayer::forward): a float one contiguous float32, a mask as
 // given.
 Tensor as_seen_by_op(const Tensor& t) {
-  return t.dtype() == DType::Bool ? t : t.to(DType::F32).contiguous();
+  if (t.dtype() == DType::Bool) return t;
+  if (t.dtype() == DType::I64 || t.dtype() == DType::I32) return t.to(DType::I64).contiguous();
+  return t.to(DType::F32).contiguous();
 }
 
 // One case, made ready to run: its network, inputs, parameters and expected outputs.
@@ -785,7 +892,9 @@ Prepared prepare(const std::string& op, const OpCase& c, uint64_t seed) {
   net["inputs"] = ojson::object();
   for (const auto& [port, t] : p.inputs)
     net["inputs"][port] = t.dtype() == DType::Bool ? ojson{{"shape", t.shape()}, {"dtype", "bool"}}
-                                                   : ojson(t.shape());
+                          : t.dtype() == DType::I64 || t.dtype() == DType::I32
+                              ? ojson{{"shape", t.shape()}, {"dtype", "int64"}}
+                              : ojson(t.shape());
   ojson n = {{"name", "n0"}, {"op", op}, {"args", c.args}, {"inputs", ojson::object()}};
   for (const OpInput& i : c.inputs) n["inputs"][i.port] = source(i);
   net["nodes"] = ojson::array({n});
@@ -795,10 +904,11 @@ Prepared prepare(const std::string& op, const OpCase& c, uint64_t seed) {
   Model model(p.spec, kSeed);
   std::map<std::string, Tensor> random;
   for (const auto& [name, t] : f64::random_parameters(model.network().nodes()[0].parameters, gen))
-    random["n0." + name] = t;
+    random[parameter_key("n0", name)] = t;
   model.load_weights(random, /*strict=*/true, p.label);
   p.state = model.state_dict();
-  for (const auto& [name, t] : p.state) p.params[name.substr(3)] = t;
+  // Names within the node: "n0.weight" -> "weight"; "n0" (a `parameter` node's tensor) -> "".
+  for (const auto& [name, t] : p.state) p.params[name == "n0" ? "" : name.substr(3)] = t;
   p.expected = c.reference(p.seen, p.params);
   return p;
 }
@@ -888,8 +998,10 @@ OpRun run_op(const Prepared& p) {
   OpRun run;
   run.reported = bytes;
   std::vector<Tensor>& outs = run.outputs;
+  // NaN (or, for int64 outputs, -7): an element the forward does not write shows up.
   for (const ValueType& v : inferred.outputs)
-    outs.push_back(Tensor::full(concrete_shape(v.shape), kNaN));
+    outs.push_back(v.dtype == DType::I64 ? Tensor::full(concrete_shape(v.shape), -7.0, DType::I64)
+                                         : Tensor::full(concrete_shape(v.shape), kNaN));
   std::vector<Tensor*> out_ptrs;
   for (Tensor& t : outs) out_ptrs.push_back(&t);
   try {
