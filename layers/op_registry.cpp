@@ -19,6 +19,17 @@ std::unique_ptr<Op> make_add_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_relu_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_chunk_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_concat_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_reshape_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_flatten_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_permute_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_transpose_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_unsqueeze_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_squeeze_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_slice_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_select_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_roll_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_pad_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_expand_op(const NetworkNode&, const std::string&);
 
 namespace {
 
@@ -38,6 +49,17 @@ constexpr OpEntry kOps[] = {
     {"chunk", make_chunk_op},                              // layers/shape_ops.cpp
     {"concat", make_concat_op},                            // layers/shape_ops.cpp
     {"relu", make_relu_op},                                // layers/elementwise.cpp
+    {"reshape", make_reshape_op},                          // layers/shape_ops.cpp
+    {"flatten", make_flatten_op},                          // layers/shape_ops.cpp
+    {"permute", make_permute_op},                          // layers/shape_ops.cpp
+    {"transpose", make_transpose_op},                      // layers/shape_ops.cpp
+    {"unsqueeze", make_unsqueeze_op},                      // layers/shape_ops.cpp
+    {"squeeze", make_squeeze_op},                          // layers/shape_ops.cpp
+    {"slice", make_slice_op},                              // layers/shape_ops.cpp
+    {"select", make_select_op},                            // layers/shape_ops.cpp
+    {"roll", make_roll_op},                                // layers/shape_ops.cpp
+    {"pad", make_pad_op},                                  // layers/shape_ops.cpp
+    {"expand", make_expand_op},                            // layers/shape_ops.cpp
 };
 
 }  // namespace
