@@ -200,6 +200,35 @@ SMALL = {
         ("a", "attention", {"heads": 4}, {"x": "s"}),
         ("c", "concat", {"dim": 1}, {"x0": "a", "x1": "s"}),
     ], {"y": "c"}, dtype="float32"),
+    # The layout ops: Swin's window shuffle (pad, roll, window partition) and patch merging,
+    # ViT's token handling on an open batch.
+    "layout_window": net({"x": [1, 6, 6, 4]}, [
+        ("p", "pad", {"pad": [0, 0, 0, 2, 0, 2], "value": 0.5}, {"x": "x"}),
+        ("r", "roll", {"shifts": [-1, -1], "dims": [1, 2]}, {"x": "p"}),
+        ("v", "reshape", {"shape": [1, 2, 4, 2, 4, 4]}, {"x": "r"}),
+        ("w", "permute", {"dims": [0, 1, 3, 2, 4, 5]}, {"x": "v"}),
+        ("f", "reshape", {"shape": [-1, 16, 4]}, {"x": "w"}),
+        ("s", "slice", {"dim": 1, "start": -10, "stop": None, "step": 3}, {"x": "f"}),
+        ("b", "roll", {"shifts": 5}, {"x": "s"}),
+    ], {"y": "b", "windows": "f"}),
+    "layout_merge": net({"x": [2, 4, 4, 3]}, [
+        ("a", "slice", {"dim": [1, 2], "start": [0, 0], "step": 2}, {"x": "x"}),
+        ("b", "slice", {"dim": [-3, -2], "start": [1, 0], "step": [2, 2]}, {"x": "x"}),
+        ("c", "slice", {"dim": [1, 2], "start": [0, 1], "stop": [None, 4], "step": 2},
+         {"x": "x"}),
+        ("j", "concat", {"dim": -1}, {"x0": "a", "x1": "b", "x2": "c"}),
+        ("f", "flatten", {"start_dim": 1, "end_dim": 2}, {"x": "j"}),
+    ], {"y": "f"}),
+    "layout_tokens": net({"x": ["B", 4, 9]}, [
+        ("t", "transpose", {"dim0": 1, "dim1": -1}, {"x": "x"}),
+        ("c", "select", {"dim": 1, "index": 0}, {"x": "t"}),
+        ("u", "unsqueeze", {"dim": 1}, {"x": "c"}),
+        ("e", "expand", {"sizes": [-1, 3, -1]}, {"x": "u"}),
+        ("f", "flatten", {"start_dim": 1}, {"x": "e"}),
+        ("q", "squeeze", {"dim": [1]}, {"x": "u"}),
+        ("r", "reshape", {"shape": [-1, 2, 6]}, {"x": "f"}),
+        ("g", "expand", {"sizes": [2, -1, -1, -1]}, {"x": "r"}),
+    ], {"y": "g", "cls": "q"}),
     "relu": net({"x": [3, 17]}, [
         ("r", "relu", {}, {"x": "x"}),
         ("l", "linear", {"out_features": 9}, {"x": "r"}),
@@ -284,7 +313,7 @@ def run_seeds():
     write("run", "mha_weights", run_seed(1, json.dumps(n).encode(), w, input_file(n)))
 
     # Added later than the seeds above, so that their random draws stay as they were.
-    for name in ["relu"]:
+    for name in ["relu", "layout_window", "layout_merge", "layout_tokens"]:
         n = SMALL[name]
         text = json.dumps(n, separators=(",", ":")).encode()
         write("run", name + "_random_init", run_seed(1, text, b"", input_file(n)))

@@ -22,6 +22,17 @@ std::unique_ptr<Op> make_concat_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_embedding_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_arange_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_parameter_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_reshape_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_flatten_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_permute_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_transpose_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_unsqueeze_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_squeeze_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_slice_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_select_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_roll_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_pad_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_expand_op(const NetworkNode&, const std::string&);
 
 namespace {
 
@@ -44,6 +55,17 @@ constexpr OpEntry kOps[] = {
     {"embedding", make_embedding_op},                      // layers/embedding.cpp
     {"arange", make_arange_op},                            // layers/embedding.cpp
     {"parameter", make_parameter_op},                      // layers/embedding.cpp
+    {"reshape", make_reshape_op},                          // layers/shape_ops.cpp
+    {"flatten", make_flatten_op},                          // layers/shape_ops.cpp
+    {"permute", make_permute_op},                          // layers/shape_ops.cpp
+    {"transpose", make_transpose_op},                      // layers/shape_ops.cpp
+    {"unsqueeze", make_unsqueeze_op},                      // layers/shape_ops.cpp
+    {"squeeze", make_squeeze_op},                          // layers/shape_ops.cpp
+    {"slice", make_slice_op},                              // layers/shape_ops.cpp
+    {"select", make_select_op},                            // layers/shape_ops.cpp
+    {"roll", make_roll_op},                                // layers/shape_ops.cpp
+    {"pad", make_pad_op},                                  // layers/shape_ops.cpp
+    {"expand", make_expand_op},                            // layers/shape_ops.cpp
 };
 
 }  // namespace

@@ -1,6 +1,9 @@
 // The shape family: ops that move data without arithmetic (chunk, concat), on Tensors, and the
 // network ops built on them. Outputs go into tensors the caller allocated (contiguous float32
 // of the documented shape); nothing is allocated when the inputs are contiguous float32.
+// The layout ops (reshape, flatten, permute, transpose, unsqueeze, squeeze, slice, select, roll,
+// pad, expand) are network ops only: a C++ caller has them as Tensor views (core/tensor.h) and
+// contiguous().
 #pragma once
 
 #include <cstdint>

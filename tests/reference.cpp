@@ -150,6 +150,130 @@ std::vector<double> add(const std::vector<double>& a, const Shape& sa, const std
   return y;
 }
 
+namespace {
+
+// The element of row-major x (shape s) at idx.
+double at(const std::vector<double>& x, const Shape& s, const std::vector<int64_t>& idx) {
+  const std::vector<int64_t> st = strides_of(s);
+  int64_t off = 0;
+  for (size_t k = 0; k < s.size(); ++k) off += idx[k] * st[k];
+  return x[static_cast<size_t>(off)];
+}
+
+// out of shape `out`, each element x at source(out index), or `fill` where source says so
+// (returns false).
+template <class Source>
+std::vector<double> gather(const std::vector<double>& x, const Shape& s, const Shape& out,
+                           double fill, Source source) {
+  std::vector<double> y;
+  for (int64_t f = 0; f < shape_numel(out); ++f) {
+    std::vector<int64_t> j(s.size());
+    y.push_back(source(unravel(f, out), j) ? at(x, s, j) : fill);
+  }
+  return y;
+}
+
+}  // namespace
+
+Layout permute(const std::vector<double>& x, const Shape& s, const std::vector<int64_t>& dims) {
+  Shape out;
+  for (int64_t d : dims) out.push_back(s[static_cast<size_t>(d)]);
+  return {out, gather(x, s, out, 0.0, [&](const std::vector<int64_t>& i, std::vector<int64_t>& j) {
+            for (size_t k = 0; k < dims.size(); ++k) j[static_cast<size_t>(dims[k])] = i[k];
+            return true;
+          })};
+}
+
+Layout slice(const std::vector<double>& x, const Shape& s, const std::vector<int64_t>& dims,
+             const std::vector<int64_t>& starts, const std::vector<int64_t>& stops,
+             const std::vector<int64_t>& steps) {
+  // Per dim, the source index of each output index: Python's range(*slice.indices(n)).
+  std::vector<std::vector<int64_t>> picks(s.size());
+  for (size_t k = 0; k < s.size(); ++k)
+    for (int64_t i = 0; i < s[k]; ++i) picks[k].push_back(i);
+  for (size_t d = 0; d < dims.size(); ++d) {
+    const int64_t n = s[static_cast<size_t>(dims[d])];
+    auto clamp = [n](int64_t v) {
+      if (v < 0) v += n;
+      return std::min(std::max<int64_t>(v, 0), n);
+    };
+    const int64_t lo = clamp(starts[d]);
+    const int64_t hi = stops[d] == kNoStop ? n : clamp(stops[d]);
+    std::vector<int64_t>& p = picks[static_cast<size_t>(dims[d])];
+    p.clear();
+    for (int64_t i = lo; i < hi; i += steps[d]) p.push_back(i);
+  }
+  Shape out;
+  for (const auto& p : picks) out.push_back(static_cast<int64_t>(p.size()));
+  return {out, gather(x, s, out, 0.0, [&](const std::vector<int64_t>& i, std::vector<int64_t>& j) {
+            for (size_t k = 0; k < s.size(); ++k) j[k] = picks[k][static_cast<size_t>(i[k])];
+            return true;
+          })};
+}
+
+Layout select(const std::vector<double>& x, const Shape& s, int64_t dim, int64_t index) {
+  const auto d = static_cast<size_t>(dim);
+  if (index < 0) index += s[d];
+  Shape out = s;
+  out.erase(out.begin() + dim);
+  return {out, gather(x, s, out, 0.0, [&](const std::vector<int64_t>& i, std::vector<int64_t>& j) {
+            for (size_t k = 0, m = 0; k < s.size(); ++k) j[k] = k == d ? index : i[m++];
+            return true;
+          })};
+}
+
+std::vector<double> roll(const std::vector<double>& x, const Shape& s,
+                         const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims) {
+  // Scattered: each source element to its destination.
+  std::vector<double> y(x.size());
+  const auto n = static_cast<int64_t>(x.size());
+  auto mod = [](int64_t a, int64_t m) { return ((a % m) + m) % m; };
+  for (int64_t f = 0; f < n; ++f) {
+    if (dims.empty()) {
+      y[static_cast<size_t>(mod(f + mod(shifts[0], n), n))] = x[static_cast<size_t>(f)];
+      continue;
+    }
+    std::vector<int64_t> i = unravel(f, s);
+    for (size_t k = 0; k < dims.size(); ++k) {
+      const int64_t m = s[static_cast<size_t>(dims[k])];
+      int64_t& v = i[static_cast<size_t>(dims[k])];
+      v = mod(v + mod(shifts[k], m), m);
+    }
+    const std::vector<int64_t> st = strides_of(s);
+    int64_t off = 0;
+    for (size_t k = 0; k < s.size(); ++k) off += i[k] * st[k];
+    y[static_cast<size_t>(off)] = x[static_cast<size_t>(f)];
+  }
+  return y;
+}
+
+Layout pad(const std::vector<double>& x, const Shape& s, const std::vector<int64_t>& pads,
+           double value) {
+  std::vector<int64_t> lo(s.size(), 0);
+  Shape out = s;
+  for (size_t p = 0; p < pads.size() / 2; ++p) {
+    const size_t k = s.size() - 1 - p;
+    lo[k] = pads[2 * p];
+    out[k] += pads[2 * p] + pads[2 * p + 1];
+  }
+  return {out,
+          gather(x, s, out, value, [&](const std::vector<int64_t>& i, std::vector<int64_t>& j) {
+            for (size_t k = 0; k < s.size(); ++k) {
+              j[k] = i[k] - lo[k];
+              if (j[k] < 0 || j[k] >= s[k]) return false;
+            }
+            return true;
+          })};
+}
+
+std::vector<double> expand(const std::vector<double>& x, const Shape& s, const Shape& out) {
+  const size_t lead = out.size() - s.size();
+  return gather(x, s, out, 0.0, [&](const std::vector<int64_t>& i, std::vector<int64_t>& j) {
+    for (size_t k = 0; k < s.size(); ++k) j[k] = s[k] == 1 ? 0 : i[k + lead];
+    return true;
+  });
+}
+
 void attention_head(int64_t L, int64_t S, int64_t D, int64_t Dv, double scale, const double* q,
                     int64_t ldq, const double* k, int64_t ldk, const double* v, int64_t ldv,
                     const double* mask, double* weights, double* out, int64_t ldo) {

@@ -54,6 +54,34 @@ Shape broadcast_shape(const Shape& a, const Shape& b);
 std::vector<double> add(const std::vector<double>& a, const Shape& sa, const std::vector<double>& b,
                         const Shape& sb);
 
+// The layout ops (permute ... expand), each on x row-major of shape s, from PyTorch's definition
+// of which input element each output element is. Dims are given non-negative.
+struct Layout {
+  Shape shape;
+  std::vector<double> values;
+};
+// out[i] = x[j] with j[dims[k]] = i[k].
+Layout permute(const std::vector<double>& x, const Shape& s, const std::vector<int64_t>& dims);
+// x[..., start:stop:step, ...] along each of dims (distinct) with Python's slice.indices():
+// negative bounds count from the end, then clamp to [0, n]; a stop of kNoStop (None) is the
+// end.
+inline constexpr int64_t kNoStop = INT64_MIN;
+Layout slice(const std::vector<double>& x, const Shape& s, const std::vector<int64_t>& dims,
+             const std::vector<int64_t>& starts, const std::vector<int64_t>& stops,
+             const std::vector<int64_t>& steps);
+// x.select(dim, index), index counted from the end when negative.
+Layout select(const std::vector<double>& x, const Shape& s, int64_t dim, int64_t index);
+// torch.roll: element j moves to (j + shift) mod n along each dim of dims (repeats add up);
+// dims empty: the flattened x by shifts[0].
+std::vector<double> roll(const std::vector<double>& x, const Shape& s,
+                         const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims);
+// F.pad(x, pads, value=value): pads = (lo, hi) pairs from the last dim backwards; a negative pad
+// crops. out[i] = x[i - lo] along each dim, value where that is outside x.
+Layout pad(const std::vector<double>& x, const Shape& s, const std::vector<int64_t>& pads,
+           double value);
+// x.expand(out): x aligned with the last dims of out, its size-1 dims read at index 0.
+std::vector<double> expand(const std::vector<double>& x, const Shape& s, const Shape& out);
+
 // One head of scaled dot-product attention: weights = softmax(scale * q k^T + mask) over the S
 // keys, out = weights v. Row l of q is at q + l * ldq (D values), key s at k + s * ldk (D) and
 // v + s * ldv (Dv), output row l at out + l * ldo (Dv). mask: additive [L][S] (-inf masks; null:

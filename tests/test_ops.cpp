@@ -27,7 +27,9 @@
 // and the edges of each op's semantics (broadcasting, negative dims, fully masked rows, S = 0).
 //
 // Tolerance, per case: max |y - ref| <= tol * max(1, max |ref|) over each output; a NaN fails.
-//   chunk, concat  0: they copy floats.
+//   chunk, concat, 0: they copy floats (references: index arithmetic in
+//   the layout ops  tests/reference.cpp, or the expected shape written out by hand for the
+//                  ops that keep the element order: reshape, flatten, squeeze, unsqueeze).
 //   add            1e-7: one float add, rounded once (<= 2^-24 = 6e-8 relative).
 //   gelu           2e-6: the float32 erf/tanh polynomial approximations (a few ulp), as the
 //                  network suite measures them.
@@ -66,6 +68,7 @@
 #include "layers/multihead_attention.h"
 #include "layers/network.h"
 #include "layers/op.h"
+#include "tests/expect_error.h"
 #include "tests/reference.h"
 #include "tests/targets.h"
 
@@ -516,6 +519,305 @@ std::vector<OpCase> concat_cases() {
   return cases;
 }
 
+// ---- the layout ops: tolerance 0, they copy floats.
+
+OpCase layout_case(ojson args, const OpInput& x, ReferenceFn reference) {
+  OpCase c;
+  c.args = std::move(args);
+  c.inputs = {x};
+  c.tolerance = 0.0;
+  c.reference = std::move(reference);
+  return c;
+}
+
+// reshape, flatten, squeeze, unsqueeze keep the row-major order: the expected values are x's, in
+// the shape each case writes out by hand.
+OpCase same_order_case(ojson args, const OpInput& x, Shape out) {
+  return layout_case(std::move(args), x, [out](const Inputs& in, const Params&) {
+    return std::vector<Expected>{{out, input(in, "x").to_double_vector()}};
+  });
+}
+
+// A case whose expected output is f64::<op>(x values, x shape).
+template <class Fn>
+OpCase reference_case(ojson args, const OpInput& x, Fn fn) {
+  return layout_case(std::move(args), x, [fn](const Inputs& in, const Params&) {
+    const Tensor& x = input(in, "x");
+    const f64::Layout r = fn(x.to_double_vector(), x.shape());
+    return std::vector<Expected>{{r.shape, r.values}};
+  });
+}
+
+std::vector<OpCase> reshape_cases() {
+  std::vector<OpCase> cases;
+  auto add = [&](const OpInput& x, ojson shape, Shape out) {
+    cases.push_back(same_order_case({{"shape", std::move(shape)}}, x, std::move(out)));
+  };
+  for (const int64_t n : kTails) add(x_input({3, n}), {n, -1}, {n, 3});
+  add(x_input({2, 3, 4}), {-1, 4}, {6, 4});
+  add(x_input({2, 3, 4}), {4, -1}, {4, 6});
+  add(x_input({2, 3, 4}), {2, -1, 2, 3}, {2, 2, 2, 3});
+  add(x_input({24}), {2, 3, 4}, {2, 3, 4});
+  add(x_input({3, 33}), {99}, {99});
+  add(x_input({1}), ojson::array(), {});  // one element to 0-d
+  add(x_input({}), {1, 1, -1}, {1, 1, 1});
+  add(x_input({7}), {7, 1}, {7, 1});
+  add(x_input({0, 5}), {-1, 5}, {0, 5});  // empty
+  add(x_input({0, 5}), {5, 0, 3}, {5, 0, 3});
+  add(x_input({0, int64_t{1} << 40}), {-1, int64_t{1} << 20}, {0, int64_t{1} << 20});
+  add(x_input({64, 1024}), {-1, 16}, {4096, 16});  // split over threads
+  add(x_input({4, 9}).transposed(), {36}, {36});
+  add(x_input({4, 6}).as(DType::F16), {2, -1, 3}, {2, 4, 3});
+  return cases;
+}
+
+std::vector<OpCase> flatten_cases() {
+  std::vector<OpCase> cases;
+  auto add = [&](const OpInput& x, ojson args, Shape out) {
+    cases.push_back(same_order_case(std::move(args), x, std::move(out)));
+  };
+  for (const int64_t n : kTails) add(x_input({2, 3, n}), {{"start_dim", 1}}, {2, 3 * n});
+  add(x_input({2, 3, 4}), ojson::object(), {24});  // torch.flatten's start 0, end -1
+  add(x_input({2, 3, 4}), {{"end_dim", 1}}, {6, 4});
+  add(x_input({2, 3, 4, 5}), {{"start_dim", -3}, {"end_dim", -2}}, {2, 12, 5});
+  add(x_input({2, 3, 4}), {{"start_dim", 1}, {"end_dim", 1}}, {2, 3, 4});
+  add(x_input({}), ojson::object(), {1});  // 0-d becomes [1]
+  add(x_input({2, 0, 3}), {{"start_dim", 1}}, {2, 0});
+  add(x_input({3, 4}).transposed(), ojson::object(), {12});
+  return cases;
+}
+
+std::vector<OpCase> permute_cases() {
+  std::vector<OpCase> cases;
+  auto add = [&](const OpInput& x, std::vector<int64_t> dims) {
+    cases.push_back(
+        reference_case({{"dims", dims}}, x, [dims](const std::vector<double>& v, const Shape& s) {
+          std::vector<int64_t> w;
+          for (int64_t d : dims) w.push_back(wrap(d, s.size()));
+          return f64::permute(v, s, w);
+        }));
+  };
+  for (const int64_t n : kTails) add(x_input({n, 7}), {1, 0});
+  add(x_input({2, 3, 4}), {2, 0, 1});
+  add(x_input({2, 17, 33}), {0, 2, 1});
+  add(x_input({2, 3, 4}), {-1, 0, -2});
+  add(x_input({2, 3, 4, 5}), {3, 1, 0, 2});
+  add(x_input({2, 3, 4}), {0, 1, 2});  // identity
+  // Swin's window partition: [B, H/w, w, W/w, w, C] -> [B, H/w, W/w, w, w, C].
+  add(x_input({2, 2, 4, 2, 4, 3}), {0, 1, 3, 2, 4, 5});
+  add(x_input({}), {});
+  add(x_input({3, 0, 2}), {2, 1, 0});
+  add(x_input({5, 40, 37}), {2, 0, 1});  // the source's contiguous dim first
+  // Large enough to split over threads, the last dim moved (strided reads) and kept.
+  add(x_input({8, 96, 64}), {0, 2, 1});
+  add(x_input({64, 300, 3}), {1, 0, 2});
+  add(x_input({5, 6}).transposed(), {1, 0});
+  return cases;
+}
+
+std::vector<OpCase> transpose_cases() {
+  std::vector<OpCase> cases;
+  auto add = [&](const OpInput& x, int64_t d0, int64_t d1) {
+    cases.push_back(reference_case({{"dim0", d0}, {"dim1", d1}}, x,
+                                   [d0, d1](const std::vector<double>& v, const Shape& s) {
+                                     std::vector<int64_t> dims;
+                                     for (size_t k = 0; k < s.size(); ++k)
+                                       dims.push_back(static_cast<int64_t>(k));
+                                     if (!s.empty())
+                                       std::swap(dims[static_cast<size_t>(wrap(d0, s.size()))],
+                                                 dims[static_cast<size_t>(wrap(d1, s.size()))]);
+                                     return f64::permute(v, s, dims);
+                                   }));
+  };
+  for (const int64_t n : kTails) add(x_input({3, n}), 0, 1);
+  add(x_input({2, 3, 4}), -1, -3);
+  add(x_input({2, 5, 7}), 0, 2);
+  add(x_input({2, 5, 7}), 1, 1);  // the same dim: a copy
+  add(x_input({2, 16, 9}), 1, 2);
+  add(x_input({}), 0, -1);                       // 0-d: dims in [-1, 0]
+  add(x_input({3, 0, int64_t{1} << 40}), 0, 2);  // no elements, dims whose product overflows
+  add(x_input({4, 7}).as(DType::BF16), 0, 1);
+  return cases;
+}
+
+std::vector<OpCase> unsqueeze_cases() {
+  std::vector<OpCase> cases;
+  auto add = [&](const OpInput& x, int64_t dim, Shape out) {
+    cases.push_back(same_order_case({{"dim", dim}}, x, std::move(out)));
+  };
+  for (const int64_t n : kTails) add(x_input({3, n}), 1, {3, 1, n});
+  add(x_input({3, 4}), 0, {1, 3, 4});
+  add(x_input({3, 4}), 2, {3, 4, 1});
+  add(x_input({3, 4}), -1, {3, 4, 1});
+  add(x_input({3, 4}), -3, {1, 3, 4});
+  add(x_input({}), 0, {1});
+  add(x_input({2, 0}), 1, {2, 1, 0});
+  return cases;
+}
+
+std::vector<OpCase> squeeze_cases() {
+  std::vector<OpCase> cases;
+  auto add = [&](const OpInput& x, ojson args, Shape out) {
+    cases.push_back(same_order_case(std::move(args), x, std::move(out)));
+  };
+  for (const int64_t n : kTails)
+    add(x_input({1, n, 1}), ojson::object(), n == 1 ? Shape{} : Shape{n});
+  add(x_input({1, 3, 1, 4}), ojson::object(), {3, 4});
+  add(x_input({1, 3, 1, 4}), {{"dim", nullptr}}, {3, 4});
+  add(x_input({1, 3, 1, 4}), {{"dim", 0}}, {3, 1, 4});
+  add(x_input({1, 3, 1, 4}), {{"dim", -2}}, {1, 3, 4});
+  add(x_input({1, 3, 1, 4}), {{"dim", 1}}, {1, 3, 1, 4});  // size 3: a no-op
+  add(x_input({1, 3, 1, 4}), {{"dim", {0, 2}}}, {3, 4});
+  add(x_input({1, 3, 1, 4}), {{"dim", {-4, 1}}}, {3, 1, 4});
+  add(x_input({1, 1}), {{"dim", ojson::array()}}, {1, 1});
+  add(x_input({}), {{"dim", 0}}, {});
+  add(x_input({1, 0, 1}), ojson::object(), {0});
+  return cases;
+}
+
+std::vector<OpCase> slice_cases() {
+  std::vector<OpCase> cases;
+  // Lists per sliced dim; f64::kNoStop for a stop of null.
+  auto add = [&](const OpInput& x, ojson args, std::vector<int64_t> dims,
+                 std::vector<int64_t> starts, std::vector<int64_t> stops,
+                 std::vector<int64_t> steps) {
+    cases.push_back(
+        reference_case(std::move(args), x, [=](const std::vector<double>& v, const Shape& s) {
+          std::vector<int64_t> w;
+          for (int64_t d : dims) w.push_back(wrap(d, s.size()));
+          return f64::slice(v, s, w, starts, stops, steps);
+        }));
+  };
+  const int64_t none = f64::kNoStop;
+  for (const int64_t n : kTails)
+    add(x_input({3, n}), {{"dim", -1}, {"start", 1}}, {-1}, {1}, {none}, {1});
+  add(x_input({4, 17}), {{"dim", 1}, {"start", 2}}, {1}, {2}, {none}, {1});
+  add(x_input({4, 17}), {{"dim", -1}, {"stop", 10}, {"step", 3}}, {-1}, {0}, {10}, {3});
+  add(x_input({5, 3}), {{"start", -3}}, {0}, {-3}, {none}, {1});  // default dim 0
+  add(x_input({5, 3}), {{"dim", 0}, {"start", -5}, {"stop", -1}}, {0}, {-5}, {-1}, {1});
+  add(x_input({5, 8}), {{"dim", 1}, {"start", 1}, {"stop", 100}, {"step", 2}}, {1}, {1}, {100},
+      {2});                                                                   // stop clamped
+  add(x_input({5, 8}), {{"dim", 1}, {"start", 10}}, {1}, {10}, {none}, {1});  // empty
+  add(x_input({5, 8}), {{"dim", 1}, {"start", 3}, {"stop", 3}}, {1}, {3}, {3}, {1});
+  add(x_input({5, 8}), {{"dim", 1}, {"start", 6}, {"stop", 2}}, {1}, {6}, {2}, {1});
+  add(x_input({5, 8}), {{"dim", 1}, {"start", 2}, {"step", 100}}, {1}, {2}, {none}, {100});
+  add(x_input({5, 8}), {{"dim", 0}, {"stop", nullptr}, {"step", 2}}, {0}, {0}, {none}, {2});
+  // Swin's patch merging, x[..., 0::2, 1::2, :] and x[..., 1::2, 0::2, :].
+  add(x_input({2, 8, 8, 3}), {{"dim", {1, 2}}, {"start", {0, 1}}, {"step", 2}}, {1, 2}, {0, 1},
+      {none, none}, {2, 2});
+  add(x_input({2, 8, 8, 3}), {{"dim", {-3, -2}}, {"start", {1, 0}}, {"step", {2, 2}}}, {-3, -2},
+      {1, 0}, {none, none}, {2, 2});
+  add(x_input({6, 9, 4}),
+      {{"dim", {0, 1, 2}}, {"start", {0, 1, -3}}, {"stop", {nullptr, 5, 4}}, {"step", {1, 3, 2}}},
+      {0, 1, 2}, {0, 1, -3}, {none, 5, 4}, {1, 3, 2});
+  add(x_input({4, 9}), {{"dim", ojson::array()}}, {}, {}, {}, {});  // nothing sliced: a copy
+  add(x_input({64, 512}), {{"dim", 1}, {"start", 1}, {"step", 2}}, {1}, {1}, {none}, {2});
+  add(x_input({6, 5}).transposed(), {{"dim", 1}, {"start", 1}, {"stop", -1}}, {1}, {1}, {-1}, {1});
+  return cases;
+}
+
+std::vector<OpCase> select_cases() {
+  std::vector<OpCase> cases;
+  auto add = [&](const OpInput& x, int64_t dim, int64_t index) {
+    cases.push_back(reference_case({{"dim", dim}, {"index", index}}, x,
+                                   [=](const std::vector<double>& v, const Shape& s) {
+                                     return f64::select(v, s, wrap(dim, s.size()), index);
+                                   }));
+  };
+  for (const int64_t n : kTails) add(x_input({2, 3, n}), 1, 2);
+  add(x_input({2, 17, 33}), 1, 0);  // ViT's class token, x[:, 0]
+  add(x_input({2, 3, 4}), 0, -1);
+  add(x_input({2, 3, 4}), -1, 0);
+  add(x_input({2, 3, 4}), -1, -4);
+  add(x_input({5}), 0, 3);  // to 0-d
+  add(x_input({5}), 0, -5);
+  add(x_input({3, 0}), 0, 1);
+  add(x_input({4, 6}).transposed(), 1, 2);
+  return cases;
+}
+
+std::vector<OpCase> roll_cases() {
+  std::vector<OpCase> cases;
+  auto add = [&](const OpInput& x, ojson args, std::vector<int64_t> shifts,
+                 std::vector<int64_t> dims) {
+    cases.push_back(
+        reference_case(std::move(args), x, [=](const std::vector<double>& v, const Shape& s) {
+          std::vector<int64_t> w;
+          for (int64_t d : dims) w.push_back(wrap(d, s.size()));
+          return f64::Layout{s, f64::roll(v, s, shifts, w)};
+        }));
+  };
+  for (const int64_t n : kTails) add(x_input({3, n}), {{"shifts", 5}, {"dims", -1}}, {5}, {-1});
+  add(x_input({2, 3, 4}), {{"shifts", 1}, {"dims", 0}}, {1}, {0});
+  add(x_input({2, 3, 4}), {{"shifts", -1}, {"dims", -1}}, {-1}, {-1});
+  add(x_input({2, 3, 4}), {{"shifts", {1, 2}}, {"dims", {0, 2}}}, {1, 2}, {0, 2});
+  add(x_input({2, 3, 4}), {{"shifts", 7}}, {7}, {});      // flattened
+  add(x_input({2, 3, 4}), {{"shifts", -25}}, {-25}, {});  // flattened, |shift| > numel
+  add(x_input({2, 3, 4}), {{"shifts", ojson::array({5})}, {"dims", ojson::array()}}, {5}, {});
+  add(x_input({2, 3, 4}), {{"shifts", 10}, {"dims", 1}}, {10}, {1});  // shift > size
+  add(x_input({2, 3, 4}), {{"shifts", {1, 1}}, {"dims", {1, 1}}}, {1, 1}, {1, 1});
+  add(x_input({2, 3, 4}), {{"shifts", -1000000007}, {"dims", 2}}, {-1000000007}, {2});
+  // Swin's cyclic shift of the window grid: torch.roll(x, (-3, -3), (1, 2)).
+  add(x_input({2, 8, 8, 3}), {{"shifts", {-3, -3}}, {"dims", {1, 2}}}, {-3, -3}, {1, 2});
+  add(x_input({2, 0, 3}), {{"shifts", 1}, {"dims", 1}}, {1}, {1});
+  add(x_input({}), {{"shifts", 3}}, {3}, {});
+  add(x_input({64, 512}), {{"shifts", {3, -100}}, {"dims", {0, 1}}}, {3, -100}, {0, 1});
+  add(x_input({5, 4}).transposed(), {{"shifts", 2}, {"dims", 0}}, {2}, {0});
+  return cases;
+}
+
+std::vector<OpCase> pad_cases() {
+  std::vector<OpCase> cases;
+  auto add = [&](const OpInput& x, std::vector<int64_t> pad, std::optional<double> value) {
+    ojson args = {{"pad", pad}};
+    if (value) args["value"] = *value;
+    cases.push_back(
+        reference_case(std::move(args), x, [=](const std::vector<double>& v, const Shape& s) {
+          return f64::pad(v, s, pad, value.value_or(0.0));
+        }));
+  };
+  for (const int64_t n : kTails) add(x_input({3, n}), {1, 2}, std::nullopt);
+  add(x_input({2, 3, 4}), {1, 1, 2, 0}, 2.5);
+  add(x_input({2, 3, 4}), {-1, 2}, std::nullopt);  // crop left, pad right
+  add(x_input({2, 3, 4}), {1, -2, -1, 1}, -1.0);
+  add(x_input({2, 3, 4}), {0, 0, 0, 0, 1, 1}, std::nullopt);  // dim 0 only
+  add(x_input({2, 3, 4}), {}, std::nullopt);                  // a copy
+  add(x_input({2, 5}), {-1, -1}, std::nullopt);               // crop only
+  add(x_input({2, 3}), {-3, 0}, std::nullopt);                // cropped to 0
+  add(x_input({2, 3}), {-3, 2}, 7.0);                         // all of x cropped, 2 pad values
+  // Swin pads H and W up to a multiple of the window: [B, H, W, C].
+  add(x_input({1, 5, 6, 3}), {0, 0, 0, 2, 0, 3}, std::nullopt);
+  add(x_input({}), {}, std::nullopt);
+  add(x_input({0, 3}), {0, 0, 1, 1}, 3.0);  // nothing of x, two rows of the value
+  add(x_input({64, 500}), {6, 6, 1, 1}, 0.5);
+  add(x_input({3, 7}).transposed(), {2, 1}, std::nullopt);
+  return cases;
+}
+
+std::vector<OpCase> expand_cases() {
+  std::vector<OpCase> cases;
+  // sizes as given to the op; out: the shape it means, written out.
+  auto add = [&](const OpInput& x, std::vector<int64_t> sizes, Shape out) {
+    cases.push_back(
+        reference_case({{"sizes", sizes}}, x, [=](const std::vector<double>& v, const Shape& s) {
+          return f64::Layout{out, f64::expand(v, s, out)};
+        }));
+  };
+  for (const int64_t n : kTails) add(x_input({1, n}), {3, n}, {3, n});
+  add(x_input({1, 3}), {4, 3}, {4, 3});
+  add(x_input({1, 3}), {2, -1, -1}, {2, 1, 3});  // a new leading dim
+  add(x_input({3, 1}), {3, 17}, {3, 17});
+  add(x_input({3, 1}), {-1, 33}, {3, 33});
+  add(x_input({1, 1, 8}), {2, -1, -1}, {2, 1, 8});  // ViT's class_token.expand(B, -1, -1)
+  add(x_input({2, 1, 4}), {3, 2, 5, 4}, {3, 2, 5, 4});
+  add(x_input({2, 3}), {2, 3}, {2, 3});
+  add(x_input({1}), {0}, {0});
+  add(x_input({}), {2, 3}, {2, 3});
+  add(x_input({1, 1, 64}), {128, 64, -1}, {128, 64, 64});  // split over threads
+  add(x_input({4, 1}).as(DType::F16), {-1, 9}, {4, 9});
+  return cases;
+}
+
 // The `attention` op's args for these options (defaults left out).
 ojson attention_args(const AttentionOptions& o) {
   ojson a;
@@ -801,6 +1103,17 @@ const CaseList kCaseLists[] = {
     {"relu", relu_cases},
     {"embedding", embedding_cases}, {"arange", arange_cases},
     {"parameter", parameter_cases},
+    {"reshape", reshape_cases},
+    {"flatten", flatten_cases},
+    {"permute", permute_cases},
+    {"transpose", transpose_cases},
+    {"unsqueeze", unsqueeze_cases},
+    {"squeeze", squeeze_cases},
+    {"slice", slice_cases},
+    {"select", select_cases},
+    {"roll", roll_cases},
+    {"pad", pad_cases},
+    {"expand", expand_cases},
 };
 
 // ---------------------------------------------------------------- the harness
@@ -1166,6 +1479,263 @@ BOOST_AUTO_TEST_CASE(relu_keeps_nan_and_negative_zero) {
                  hwy::TargetName(target) << " relu(" << v << ") = " << got);
     }
   }
+}
+
+// ---- the layout ops: inference on open dims, and the errors of each (layers/shape_ops.cpp)
+
+namespace {
+
+Dim n(int64_t v) { return Dim::fixed(v); }
+Dim sym(const char* s) { return Dim::open(s); }
+
+// The output shape of a one-node network's op on x, as text: "[B, T*8]".
+std::string layout_out(const std::string& op, const ojson& args, const SymShape& x,
+                       SymbolBindings bound = {}, DType dtype = DType::F32) {
+  NetworkNode node{"n0", op, args, {{"x", "x"}}};
+  const std::unique_ptr<Op> o = make_op(node);
+  const ValueType t{x, dtype};
+  const InferResult r = o->infer(InputTypes{&t}, bound);
+  BOOST_REQUIRE_EQUAL(r.outputs.size(), 1u);
+  BOOST_TEST(r.parameters.empty());
+  return sym_shape_to_string(r.outputs[0].shape);
+}
+
+void expect_layout_error(ErrorCode code, const std::string& text, const std::string& op,
+                         const ojson& args, const SymShape& x, SymbolBindings bound = {}) {
+  expect_error(code, text, [&] { layout_out(op, args, x, bound); });
+}
+
+// The network resolves with open dims; binding x to `shape` fails.
+void expect_bind_error(ErrorCode code, const std::string& text, const std::string& op,
+                       const ojson& args, const ojson& declared, const Shape& shape) {
+  ojson net = {
+      {"inputs", {{"x", declared}}},
+      {"nodes",
+       ojson::array({{{"name", "n0"}, {"op", op}, {"args", args}, {"inputs", {{"x", "x"}}}}})},
+      {"outputs", {{"y", "n0"}}}};
+  // Through text: the parser reads non-negative dims as JSON's unsigned numbers.
+  const Network network = Network::resolve(parse_network(net.dump(), "test.json"));
+  expect_error(code, text, [&] { network.bind({ValueType{fixed_shape(shape), DType::F32}}); });
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(layout_ops_infer_open_dims) {
+  const SymShape btc{sym("B"), sym("T"), n(8)};
+  // reshape: open dims that appear on both sides cancel; what is left gives the -1.
+  BOOST_TEST(layout_out("reshape", {{"shape", ojson::array({"B", -1})}}, btc) == "[B, T*8]");
+  BOOST_TEST(layout_out("reshape", {{"shape", ojson::array({"B", "T", -1})}}, btc) == "[B, T, 8]");
+  BOOST_TEST(layout_out("reshape", {{"shape", ojson::array({"B", "T", 2, 4})}}, btc) ==
+             "[B, T, 2, 4]");
+  BOOST_TEST(layout_out("reshape", {{"shape", {-1, 4}}}, {sym("B"), n(16)}) == "[B*4, 4]");
+  BOOST_TEST(layout_out("reshape", {{"shape", {-1, 16}}}, btc) == "[(B*T)/2, 16]");
+  BOOST_TEST(layout_out("reshape", {{"shape", ojson::array({"N", -1})}}, {n(6), n(4)}) ==
+             "[N, 24/N]");
+  // Symbols the resolver has bound are numbers; unbound ones stay open.
+  BOOST_TEST(layout_out("reshape", {{"shape", ojson::array({"B", -1})}}, {n(6), n(4)},
+                        {{"B", 3}}) == "[3, 8]");
+  BOOST_TEST(layout_out("reshape", {{"shape", ojson::array({"B", "T", 8})}}, {n(2), n(5), n(8)},
+                        {{"B", 2}, {"T", 5}}) == "[2, 5, 8]");
+  BOOST_TEST(layout_out("reshape", {{"shape", ojson::array({"B", 4})}}, {sym("B"), n(4)},
+                        {{"T", 3}}) == "[B, 4]");
+  expect_layout_error(ErrorCode::Shape, "24 elements are not a multiple of 5", "reshape",
+                      {{"shape", ojson::array({"B", -1})}}, {n(6), n(4)}, {{"B", 5}});
+  expect_layout_error(ErrorCode::Shape, "24 elements vs 20", "reshape",
+                      {{"shape", ojson::array({"B", "T"})}}, {n(6), n(4)}, {{"B", 5}, {"T", 4}});
+  // Undecidable with open dims (B may be 0): checked once bound.
+  BOOST_TEST(layout_out("reshape", {{"shape", ojson::array({"B", 3})}}, {sym("B"), n(2)}) ==
+             "[B, 3]");
+  BOOST_TEST(layout_out("reshape", {{"shape", {-1, 4}}}, {sym("B"), n(6)}) == "[(B*3)/2, 4]");
+  expect_bind_error(ErrorCode::Shape, "cannot reshape x [1, 6] into shape=[-1, 4]", "reshape",
+                    {{"shape", {-1, 4}}}, ojson::array({"B", 6}), {1, 6});
+  // expand: symbols as sizes (ViT's class_token.expand(B, -1, -1)).
+  BOOST_TEST(layout_out("expand", {{"sizes", ojson::array({"B", -1, -1})}}, {n(1), n(1), n(8)}) ==
+             "[B, 1, 8]");
+  BOOST_TEST(layout_out("expand", {{"sizes", ojson::array({"B", -1, -1})}}, {n(1), n(1), n(8)},
+                        {{"B", 4}}) == "[4, 1, 8]");
+  BOOST_TEST(layout_out("expand", {{"sizes", {-1, 5}}}, {sym("B"), n(1)}) == "[B, 5]");
+  BOOST_TEST(layout_out("expand", {{"sizes", {2, 3}}}, {sym("B"), n(3)}) == "[2, 3]");
+  BOOST_TEST(layout_out("expand", {{"sizes", ojson::array({"T", 3})}}, {n(1), n(3)}) == "[T, 3]");
+  BOOST_TEST(layout_out("expand", {{"sizes", ojson::array({"T", "B"})}}, {sym("T"), n(1)}) ==
+             "[T, B]");
+  expect_bind_error(ErrorCode::Shape, "dim 0 has size 2 (only a size-1 dim can expand)", "expand",
+                    {{"sizes", {3, -1}}}, ojson::array({"B", 4}), {2, 4});
+  // flatten, permute, transpose, unsqueeze carry open dims along.
+  BOOST_TEST(layout_out("flatten", {{"start_dim", 1}}, btc) == "[B, T*8]");
+  BOOST_TEST(layout_out("permute", {{"dims", {2, 0, 1}}}, btc) == "[8, B, T]");
+  BOOST_TEST(layout_out("transpose", {{"dim0", 0}, {"dim1", -1}}, btc) == "[8, T, B]");
+  BOOST_TEST(layout_out("unsqueeze", {{"dim", -1}}, btc) == "[B, T, 8, 1]");
+  // slice: counted from the end, the length is known for every size; otherwise an expression.
+  BOOST_TEST(layout_out("slice", {{"dim", 1}, {"start", -1}}, btc) == "[B, 1, 8]");
+  BOOST_TEST(layout_out("slice", {{"dim", 1}, {"start", -5}, {"stop", -2}}, btc) == "[B, 3, 8]");
+  BOOST_TEST(layout_out("slice", {{"dim", 1}, {"start", 1}}, btc) == "[B, T[1:], 8]");
+  BOOST_TEST(layout_out("slice", {{"dim", {0, 1}}, {"step", 2}}, btc) == "[B[::2], T[::2], 8]");
+  BOOST_TEST(layout_out("slice", {{"dim", 1}, {"stop", 4}}, btc) == "[B, T[:4], 8]");
+  BOOST_TEST(layout_out("slice", {{"dim", 1}}, btc) == "[B, T, 8]");
+  expect_bind_error(ErrorCode::Shape, "start=-4 is before the start of dim 1 of size 3", "slice",
+                    {{"dim", 1}, {"start", -4}}, ojson::array({"B", "T"}), {2, 3});
+  // select: the index is checked when the dim is bound.
+  BOOST_TEST(layout_out("select", {{"dim", 1}, {"index", 7}}, btc) == "[B, 8]");
+  expect_bind_error(ErrorCode::Shape, "index=3 is out of range for dim 1 of size 3", "select",
+                    {{"dim", 1}, {"index", 3}}, ojson::array({"B", "T"}), {2, 3});
+  // pad: an open dim grows or shrinks by the pads.
+  BOOST_TEST(layout_out("pad", {{"pad", {1, 2}}}, {sym("B"), sym("T")}) == "[B, T+3]");
+  BOOST_TEST(layout_out("pad", {{"pad", {-1, 0, 0, 0}}}, {sym("B"), sym("T")}) == "[B, T-1]");
+  BOOST_TEST(layout_out("pad", {{"pad", {0, 0, 1, 1}}}, {sym("B"), sym("T")}) == "[B+2, T]");
+  expect_bind_error(ErrorCode::Shape, "crop more than its 1 elements", "pad", {{"pad", {-1, -1}}},
+                    ojson::array({"B", "T"}), {2, 1});
+  // Shapes without elements may have dims whose product overflows.
+  const int64_t big = int64_t{1} << 40;
+  BOOST_TEST(layout_out("reshape", {{"shape", {-1, big}}}, {n(0), n(big), n(big)}) ==
+             "[0, 1099511627776]");
+  BOOST_TEST(layout_out("expand", {{"sizes", {0, big, big}}}, {n(1)}) ==
+             "[0, 1099511627776, 1099511627776]");
+  BOOST_TEST(layout_out("pad", {{"pad", {0, 0, -1, 0}}}, {n(1), n(big)}) == "[0, 1099511627776]");
+  // roll keeps the shape.
+  BOOST_TEST(layout_out("roll", {{"shifts", {1, -2}}, {"dims", {0, 1}}}, btc) == "[B, T, 8]");
+  // squeeze: fixed dims decide; an open one it would test is refused.
+  BOOST_TEST(layout_out("squeeze", {{"dim", 2}}, {sym("B"), n(1), n(1)}) == "[B, 1]");
+  BOOST_TEST(layout_out("squeeze", {{"dim", {1, 2}}}, {sym("B"), n(1), n(8)}) == "[B, 8]");
+}
+
+BOOST_AUTO_TEST_CASE(layout_op_errors) {
+  const SymShape x234{n(2), n(3), n(4)};
+  // permute: not a permutation is E_CONSTRAINT (the rank is len(dims), known when the node is
+  // read); an x of another rank E_SHAPE.
+  expect_layout_error(ErrorCode::Constraint, "dims=[0, 0] is not a permutation of the 2 dims",
+                      "permute", {{"dims", {0, 0}}}, {n(2), n(3)});
+  expect_layout_error(ErrorCode::Constraint, "is not a permutation", "permute", {{"dims", {0, -2}}},
+                      {n(2), n(3)});
+  expect_layout_error(ErrorCode::Constraint, "is not a permutation", "permute", {{"dims", {0, 2}}},
+                      {n(2), n(3)});
+  expect_layout_error(ErrorCode::Shape, "x [2, 3, 4] has 3 dims; dims permutes 2", "permute",
+                      {{"dims", {1, 0}}}, x234);
+  expect_layout_error(ErrorCode::Arg, "argument dims must be a list of integers", "permute",
+                      {{"dims", 1}}, {n(2)});
+  expect_layout_error(ErrorCode::Arg, "argument dims[1] must be an integer", "permute",
+                      {{"dims", {0, "a"}}}, {n(2), n(3)});
+  expect_layout_error(ErrorCode::Arg, "missing required argument dims", "permute", ojson::object(),
+                      {n(2)});
+  // transpose, unsqueeze, flatten: dims out of range (E_CONSTRAINT, as every op's dim).
+  expect_layout_error(ErrorCode::Constraint, "dim=2 is out of range for a rank-2 input",
+                      "transpose", {{"dim0", 2}, {"dim1", 0}}, {n(2), n(3)});
+  expect_layout_error(ErrorCode::Arg, "missing required argument dim1", "transpose", {{"dim0", 0}},
+                      {n(2), n(3)});
+  expect_layout_error(ErrorCode::Constraint, "dim=3 is out of range for a rank-3 output",
+                      "unsqueeze", {{"dim", 3}}, {n(2), n(3)});
+  expect_layout_error(ErrorCode::Shape, "over the rank limit of 64", "unsqueeze", {{"dim", 0}},
+                      SymShape(64, n(1)));
+  expect_layout_error(ErrorCode::Constraint, "start_dim=2 comes after end_dim=1", "flatten",
+                      {{"start_dim", 2}, {"end_dim", 1}}, x234);
+  expect_layout_error(ErrorCode::Constraint, "dim=3 is out of range", "flatten", {{"start_dim", 3}},
+                      x234);
+  // squeeze.
+  expect_layout_error(ErrorCode::Shape, "dim 0 of x [B, 1] is open (B)", "squeeze", ojson::object(),
+                      {sym("B"), n(1)});
+  expect_layout_error(ErrorCode::Shape, "is open (T)", "squeeze", {{"dim", -1}}, {n(2), sym("T")});
+  expect_layout_error(ErrorCode::Constraint, "names dim 0 more than once", "squeeze",
+                      {{"dim", {0, -3}}}, {n(1), n(3), n(1)});
+  // reshape.
+  expect_layout_error(ErrorCode::Shape,
+                      "cannot reshape x [2, 3] into shape=[4, 2]: 6 elements vs 8", "reshape",
+                      {{"shape", {4, 2}}}, {n(2), n(3)});
+  expect_layout_error(ErrorCode::Shape, "6 elements are not a multiple of 4", "reshape",
+                      {{"shape", {-1, 4}}}, {n(2), n(3)});
+  expect_layout_error(ErrorCode::Constraint, "shape=[-1, -1] has more than one -1", "reshape",
+                      {{"shape", {-1, -1}}}, {n(2), n(3)});
+  expect_layout_error(ErrorCode::Shape, "the -1 could be any size", "reshape", {{"shape", {0, -1}}},
+                      {n(0), n(5)});
+  expect_layout_error(ErrorCode::Shape, "the -1 could be any size", "reshape",
+                      {{"shape", ojson::array({"B", 0, -1})}}, {sym("B"), n(5)});
+  expect_layout_error(ErrorCode::Constraint, "shape[0]=-2 must be >= -1", "reshape",
+                      {{"shape", {-2, 3}}}, {n(2), n(3)});
+  expect_layout_error(ErrorCode::Arg, "argument shape[0] must be an integer or a symbol name",
+                      "reshape", {{"shape", ojson::array({"B T"})}}, {n(2)});
+  expect_layout_error(ErrorCode::Arg, "argument shape[0] must be an integer or a symbol name",
+                      "reshape", {{"shape", {1.5}}}, {n(2)});
+  expect_layout_error(ErrorCode::Arg, "argument shape must be a list", "reshape", {{"shape", 6}},
+                      {n(6)});
+  expect_layout_error(ErrorCode::Arg, "unknown argument 'size' (reshape takes shape)", "reshape",
+                      {{"shape", {6}}, {"size", 6}}, {n(6)});
+  expect_layout_error(ErrorCode::Shape, "more than 2^63 - 1 elements", "reshape",
+                      {{"shape", ojson::array({"B", 4294967296, 4294967296})}}, {sym("B")});
+  // slice.
+  expect_layout_error(ErrorCode::Constraint, "step=0 must be >= 1", "slice",
+                      {{"dim", 0}, {"step", 0}}, {n(5)});
+  expect_layout_error(ErrorCode::Constraint, "step=-1 must be >= 1", "slice",
+                      {{"dim", {0, 1}}, {"step", {1, -1}}}, {n(5), n(5)});
+  expect_layout_error(ErrorCode::Shape, "start=-6 is before the start of dim 0 of size 5", "slice",
+                      {{"dim", 0}, {"start", -6}}, {n(5)});
+  expect_layout_error(ErrorCode::Shape, "stop=-9 is before the start of dim 1 of size 8", "slice",
+                      {{"dim", -1}, {"stop", -9}}, {n(2), n(8)});
+  expect_layout_error(ErrorCode::Constraint, "names dim 1 more than once", "slice",
+                      {{"dim", {1, -1}}}, {n(5), n(5)});
+  expect_layout_error(ErrorCode::Constraint, "start=[0, 1, 2] has 3 entries; dim=[0, 1] names 2",
+                      "slice", {{"dim", {0, 1}}, {"start", {0, 1, 2}}}, {n(5), n(5)});
+  expect_layout_error(ErrorCode::Constraint, "has 1 entries", "slice",
+                      {{"dim", {0, 1}}, {"stop", {3}}}, {n(5), n(5)});
+  expect_layout_error(ErrorCode::Constraint, "dim=2 is out of range for a rank-2 input", "slice",
+                      {{"dim", 2}}, {n(5), n(5)});
+  expect_layout_error(ErrorCode::Arg, "argument stop must be an integer", "slice",
+                      {{"dim", 0}, {"stop", "end"}}, {n(5)});
+  // select.
+  expect_layout_error(ErrorCode::Shape,
+                      "index=3 is out of range for dim 1 of size 3 (valid: -3 .. 2)", "select",
+                      {{"dim", 1}, {"index", 3}}, x234);
+  expect_layout_error(ErrorCode::Shape, "index=-4 is out of range", "select",
+                      {{"dim", -2}, {"index", -4}}, x234);
+  expect_layout_error(ErrorCode::Shape, "index=0 is out of range for dim 0 of size 0", "select",
+                      {{"dim", 0}, {"index", 0}}, {n(0), n(3)});
+  expect_layout_error(ErrorCode::Constraint, "select needs at least one dim", "select",
+                      {{"dim", 0}, {"index", 0}}, {});
+  // roll.
+  expect_layout_error(ErrorCode::Constraint, "shifts=[1, 2] and dims=null must align", "roll",
+                      {{"shifts", {1, 2}}}, x234);
+  expect_layout_error(ErrorCode::Constraint, "shifts=[1] and dims=[0, 1] must align", "roll",
+                      {{"shifts", {1}}, {"dims", {0, 1}}}, x234);
+  expect_layout_error(ErrorCode::Constraint, "dim=3 is out of range", "roll",
+                      {{"shifts", 1}, {"dims", 3}}, x234);
+  expect_layout_error(ErrorCode::Arg, "missing required argument shifts", "roll", {{"dims", 0}},
+                      x234);
+  // pad.
+  expect_layout_error(ErrorCode::Constraint, "pad=[1, 2, 3] has an odd number of entries", "pad",
+                      {{"pad", {1, 2, 3}}}, x234);
+  expect_layout_error(ErrorCode::Unsupported, "mode='reflect' is not supported", "pad",
+                      {{"pad", {1, 1}}, {"mode", "reflect"}}, x234);
+  expect_layout_error(ErrorCode::Constraint, "mode='wrap' must be 'constant'", "pad",
+                      {{"pad", {1, 1}}, {"mode", "wrap"}}, x234);
+  expect_layout_error(ErrorCode::Shape,
+                      "pad=[1, 1, 1, 1, 1, 1, 1, 1] pads 4 dims; x [2, 3, 4] has 3", "pad",
+                      {{"pad", {1, 1, 1, 1, 1, 1, 1, 1}}}, x234);
+  expect_layout_error(ErrorCode::Shape, "pads -5 and 0 of dim 2 crop more than its 4 elements",
+                      "pad", {{"pad", {-5, 0}}}, x234);
+  expect_layout_error(ErrorCode::Shape, "crop more than its 4 elements", "pad", {{"pad", {-5, 4}}},
+                      x234);  // out would be 3: PyTorch's IndexError too
+  expect_layout_error(ErrorCode::Shape, "crop more than its 3 elements", "pad",
+                      {{"pad", {0, 0, -2, -2}}}, x234);
+  expect_layout_error(ErrorCode::Shape, "overflows int64", "pad", {{"pad", {INT64_MAX, 1}}}, x234);
+  expect_layout_error(ErrorCode::Shape, "more than 2^63 - 1 elements", "pad",
+                      {{"pad", {INT64_MAX - 4, 0}}}, x234);
+  expect_layout_error(ErrorCode::Shape, "overflow int64", "pad", {{"pad", {INT64_MIN, 0}}},
+                      {sym("T")});
+  expect_layout_error(ErrorCode::Constraint, "value=1e+300 does not fit float32", "pad",
+                      {{"pad", {1, 1}}, {"value", 1e300}}, x234);
+  // expand.
+  expect_layout_error(ErrorCode::Shape,
+                      "cannot expand x [2, 3] to sizes=[4, 3]: dim 0 has size 2 (only a size-1 "
+                      "dim can expand), expand asks for 4",
+                      "expand", {{"sizes", {4, 3}}}, {n(2), n(3)});
+  expect_layout_error(ErrorCode::Shape, "fewer than the dims of x [2, 3]", "expand",
+                      {{"sizes", {3}}}, {n(2), n(3)});
+  expect_layout_error(ErrorCode::Shape, "-1 in dim 0, a new leading dim", "expand",
+                      {{"sizes", {-1, 2, 3}}}, {n(2), n(3)});
+  expect_layout_error(ErrorCode::Constraint, "sizes[0]=-2 must be >= -1", "expand",
+                      {{"sizes", {-2}}}, {n(1)});
+  expect_layout_error(ErrorCode::Shape, "more than 2^63 - 1 elements", "expand",
+                      {{"sizes", {4294967296, 4294967296}}}, {n(1), n(1)});
+  // Every layout op takes floats only.
+  expect_error(ErrorCode::DType, "x has dtype bool; flatten needs a float input",
+               [] { layout_out("flatten", ojson::object(), {n(2)}, {}, DType::Bool); });
 }
 
 BOOST_AUTO_TEST_SUITE_END()
