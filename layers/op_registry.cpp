@@ -19,6 +19,9 @@ std::unique_ptr<Op> make_add_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_relu_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_chunk_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_concat_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_conv2d_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_mean_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_adaptive_avg_pool2d_op(const NetworkNode&, const std::string&);
 
 namespace {
 
@@ -38,6 +41,9 @@ constexpr OpEntry kOps[] = {
     {"chunk", make_chunk_op},                              // layers/shape_ops.cpp
     {"concat", make_concat_op},                            // layers/shape_ops.cpp
     {"relu", make_relu_op},                                // layers/elementwise.cpp
+    {"conv2d", make_conv2d_op},                            // layers/conv.cpp
+    {"mean", make_mean_op},                                // layers/conv.cpp
+    {"adaptive_avg_pool2d", make_adaptive_avg_pool2d_op},  // layers/conv.cpp
 };
 
 }  // namespace
