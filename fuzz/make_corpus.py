@@ -200,6 +200,20 @@ SMALL = {
         ("a", "attention", {"heads": 4}, {"x": "s"}),
         ("c", "concat", {"dim": 1}, {"x0": "a", "x1": "s"}),
     ], {"y": "c"}, dtype="float32"),
+    "conv_patch_mean": net({"x": [2, 3, 16, 16]}, [
+        ("p", "conv2d", {"in_channels": 3, "out_channels": 8, "kernel_size": 4, "stride": 4},
+         {"x": "x"}),
+        ("c", "conv2d", {"in_channels": 8, "out_channels": 8, "kernel_size": [3, 2],
+                         "padding": "same", "dilation": [1, 2], "groups": 4, "bias": False},
+         {"x": "p"}),
+        ("m", "mean", {"dim": [-1, -2]}, {"x": "c"}),
+    ], {"y": "m"}),
+    "conv_strided_pool": net({"x": [3, 9, 11]}, [
+        ("c", "conv2d", {"in_channels": 3, "out_channels": 4, "kernel_size": 3, "stride": [2, 1],
+                         "padding": [1, 0], "padding_mode": "zeros"}, {"x": "x"}),
+        ("a", "adaptive_avg_pool2d", {"output_size": [2, None]}, {"x": "c"}),
+        ("m", "mean", {"dim": 0, "keepdim": True}, {"x": "a"}),
+    ], {"y": "m", "pooled": "a"}),
     "relu": net({"x": [3, 17]}, [
         ("r", "relu", {}, {"x": "x"}),
         ("l", "linear", {"out_features": 9}, {"x": "r"}),
@@ -284,7 +298,7 @@ def run_seeds():
     write("run", "mha_weights", run_seed(1, json.dumps(n).encode(), w, input_file(n)))
 
     # Added later than the seeds above, so that their random draws stay as they were.
-    for name in ["relu"]:
+    for name in ["relu", "conv_patch_mean", "conv_strided_pool"]:
         n = SMALL[name]
         text = json.dumps(n, separators=(",", ":")).encode()
         write("run", name + "_random_init", run_seed(1, text, b"", input_file(n)))
