@@ -229,6 +229,20 @@ SMALL = {
         ("r", "reshape", {"shape": [-1, 2, 6]}, {"x": "f"}),
         ("g", "expand", {"sizes": [2, -1, -1, -1]}, {"x": "r"}),
     ], {"y": "g", "cls": "q"}),
+    "conv_patch_mean": net({"x": [2, 3, 16, 16]}, [
+        ("p", "conv2d", {"in_channels": 3, "out_channels": 8, "kernel_size": 4, "stride": 4},
+         {"x": "x"}),
+        ("c", "conv2d", {"in_channels": 8, "out_channels": 8, "kernel_size": [3, 2],
+                         "padding": "same", "dilation": [1, 2], "groups": 4, "bias": False},
+         {"x": "p"}),
+        ("m", "mean", {"dim": [-1, -2]}, {"x": "c"}),
+    ], {"y": "m"}),
+    "conv_strided_pool": net({"x": [3, 9, 11]}, [
+        ("c", "conv2d", {"in_channels": 3, "out_channels": 4, "kernel_size": 3, "stride": [2, 1],
+                         "padding": [1, 0], "padding_mode": "zeros"}, {"x": "x"}),
+        ("a", "adaptive_avg_pool2d", {"output_size": [2, None]}, {"x": "c"}),
+        ("m", "mean", {"dim": 0, "keepdim": True}, {"x": "a"}),
+    ], {"y": "m", "pooled": "a"}),
     "relu": net({"x": [3, 17]}, [
         ("r", "relu", {}, {"x": "x"}),
         ("l", "linear", {"out_features": 9}, {"x": "r"}),
@@ -313,7 +327,8 @@ def run_seeds():
     write("run", "mha_weights", run_seed(1, json.dumps(n).encode(), w, input_file(n)))
 
     # Added later than the seeds above, so that their random draws stay as they were.
-    for name in ["relu", "layout_window", "layout_merge", "layout_tokens"]:
+    for name in ["relu", "layout_window", "layout_merge", "layout_tokens", "conv_patch_mean",
+                 "conv_strided_pool"]:
         n = SMALL[name]
         text = json.dumps(n, separators=(",", ":")).encode()
         write("run", name + "_random_init", run_seed(1, text, b"", input_file(n)))

@@ -114,6 +114,82 @@ std::vector<double> layer_norm(const std::vector<double>& x, int64_t rows, int64
   return y;
 }
 
+int64_t Conv2dGeometry::out_h() const {
+  return (height + pad_top + pad_bottom - dilation_h * (kernel_h - 1) - 1) / stride_h + 1;
+}
+
+int64_t Conv2dGeometry::out_w() const {
+  return (width + pad_left + pad_right - dilation_w * (kernel_w - 1) - 1) / stride_w + 1;
+}
+
+std::vector<double> conv2d(const Conv2dGeometry& g, const std::vector<double>& x,
+                           const std::vector<double>& w, const std::vector<double>& b) {
+  const int64_t N = g.batch, C = g.channels, H = g.height, W = g.width, O = g.out_channels;
+  const int64_t kh = g.kernel_h, kw = g.kernel_w, OH = g.out_h(), OW = g.out_w();
+  const int64_t cg = C / g.groups, og = O / g.groups;
+  BOOST_REQUIRE_EQUAL(x.size(), static_cast<size_t>(N * C * H * W));
+  BOOST_REQUIRE_EQUAL(w.size(), static_cast<size_t>(O * cg * kh * kw));
+  BOOST_REQUIRE(b.empty() || b.size() == static_cast<size_t>(O));
+  std::vector<double> y(static_cast<size_t>(N * O * OH * OW));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t oy = 0; oy < OH; ++oy)
+        for (int64_t ox = 0; ox < OW; ++ox) {
+          double s = b.empty() ? 0.0 : b[static_cast<size_t>(o)];
+          const int64_t c0 = o / og * cg;  // the group's first input channel
+          for (int64_t c = 0; c < cg; ++c)
+            for (int64_t i = 0; i < kh; ++i)
+              for (int64_t j = 0; j < kw; ++j) {
+                const int64_t iy = oy * g.stride_h - g.pad_top + i * g.dilation_h;
+                const int64_t ix = ox * g.stride_w - g.pad_left + j * g.dilation_w;
+                if (iy < 0 || iy >= H || ix < 0 || ix >= W) continue;
+                s += x[static_cast<size_t>(((n * C + c0 + c) * H + iy) * W + ix)] *
+                     w[static_cast<size_t>(((o * cg + c) * kh + i) * kw + j)];
+              }
+          y[static_cast<size_t>(((n * O + o) * OH + oy) * OW + ox)] = s;
+        }
+  return y;
+}
+
+std::vector<double> mean(const std::vector<double>& x, const Shape& s,
+                         const std::vector<bool>& reduced) {
+  Shape kept;
+  for (size_t i = 0; i < s.size(); ++i)
+    if (!reduced[i]) kept.push_back(s[i]);
+  std::vector<double> sum(static_cast<size_t>(shape_numel(kept)), 0.0);
+  std::vector<double> count(sum.size(), 0.0);
+  const std::vector<int64_t> kst = strides_of(kept);
+  for (int64_t f = 0; f < shape_numel(s); ++f) {
+    const std::vector<int64_t> idx = unravel(f, s);
+    int64_t o = 0;
+    for (size_t i = 0, k = 0; i < s.size(); ++i)
+      if (!reduced[i]) o += idx[i] * kst[k++];
+    sum[static_cast<size_t>(o)] += x[static_cast<size_t>(f)];
+    count[static_cast<size_t>(o)] += 1.0;
+  }
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] /= count[i];  // 0/0 = NaN when empty
+  return sum;
+}
+
+std::vector<double> adaptive_avg_pool2d(const std::vector<double>& x, const Shape& s, int64_t oh,
+                                        int64_t ow) {
+  const int64_t H = s[s.size() - 2], W = s.back();
+  const int64_t planes = H * W == 0 ? 0 : static_cast<int64_t>(x.size()) / (H * W);
+  std::vector<double> y(static_cast<size_t>(planes * oh * ow));
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t i = 0; i < oh; ++i)
+      for (int64_t j = 0; j < ow; ++j) {
+        const int64_t y0 = i * H / oh, y1 = ((i + 1) * H + oh - 1) / oh;
+        const int64_t x0 = j * W / ow, x1 = ((j + 1) * W + ow - 1) / ow;
+        double sum = 0.0;
+        for (int64_t r = y0; r < y1; ++r)
+          for (int64_t c = x0; c < x1; ++c) sum += x[static_cast<size_t>((p * H + r) * W + c)];
+        y[static_cast<size_t>((p * oh + i) * ow + j)] =
+            sum / static_cast<double>((y1 - y0) * (x1 - x0));
+      }
+  return y;
+}
+
 double gelu(double x, bool tanh_form) {
   if (tanh_form) return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
   return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));

@@ -81,6 +81,33 @@ Layout pad(const std::vector<double>& x, const Shape& s, const std::vector<int64
            double value);
 // x.expand(out): x aligned with the last dims of out, its size-1 dims read at index 0.
 std::vector<double> expand(const std::vector<double>& x, const Shape& s, const Shape& out);
+// nn.Conv2d's geometry for conv2d below: zero padding per side (top/bottom, left/right).
+struct Conv2dGeometry {
+  int64_t batch = 1, channels = 1, height = 1, width = 1;  // x [batch, channels, height, width]
+  int64_t out_channels = 1, kernel_h = 1, kernel_w = 1;
+  int64_t stride_h = 1, stride_w = 1, dilation_h = 1, dilation_w = 1;
+  int64_t pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
+  int64_t groups = 1;
+  // floor((in + pads - dilation * (kernel - 1) - 1) / stride) + 1
+  int64_t out_h() const;
+  int64_t out_w() const;
+};
+// The direct seven-loop convolution: y[n][o][oy][ox] = b[o] + sum over the group's channels c and
+// i < kh, j < kw of x[n][c][oy*sh - pad_top + i*dh][ox*sw - pad_left + j*dw] * w[o][c'][i][j]
+// (zero outside x). w [out, channels/groups, kh, kw]; b [out] or empty (none).
+// Returns [batch, out, out_h, out_w].
+std::vector<double> conv2d(const Conv2dGeometry& g, const std::vector<double>& x,
+                           const std::vector<double>& w, const std::vector<double>& b);
+
+// torch.mean of x (shape s) over the dims flagged in `reduced` (one flag per dim), row-major
+// over the kept dims; NaN for an empty reduction.
+std::vector<double> mean(const std::vector<double>& x, const Shape& s,
+                         const std::vector<bool>& reduced);
+
+// F.adaptive_avg_pool2d over the last two dims of x (shape s): output cell (i, j) of each plane
+// averages rows floor(i*H/oh) .. ceil((i+1)*H/oh)-1 and columns likewise.
+std::vector<double> adaptive_avg_pool2d(const std::vector<double>& x, const Shape& s, int64_t oh,
+                                        int64_t ow);
 
 // One head of scaled dot-product attention: weights = softmax(scale * q k^T + mask) over the S
 // keys, out = weights v. Row l of q is at q + l * ldq (D values), key s at k + s * ldk (D) and

@@ -328,6 +328,18 @@ std::vector<PlanCase> plan_cases() {
          "batch_first": true, "need_weights": false, "is_causal": true},
          "inputs": {"query": "q"}}], "outputs": {"y": "m"}})",
        {{"q", randn({1, 300, 64}, 14)}}},
+      {"conv2d (packed, OpenBLAS, pointwise)+adaptive_avg_pool2d+mean", R"({"inputs": {"x": [4, 3, 64, 64]}, "nodes": [
+         {"name": "p", "op": "conv2d", "args": {"in_channels": 3, "out_channels": 96,
+          "kernel_size": 4, "stride": 4}, "inputs": {"x": "x"}},
+         {"name": "c", "op": "conv2d", "args": {"in_channels": 96, "out_channels": 16,
+          "kernel_size": 3, "padding": 1, "groups": 2}, "inputs": {"x": "p"}},
+         {"name": "q", "op": "conv2d", "args": {"in_channels": 16, "out_channels": 32,
+          "kernel_size": 1}, "inputs": {"x": "c"}},
+         {"name": "a", "op": "adaptive_avg_pool2d", "args": {"output_size": [3, null]},
+          "inputs": {"x": "q"}},
+         {"name": "m", "op": "mean", "args": {"dim": [-1, -2]}, "inputs": {"x": "a"}}],
+         "outputs": {"y": "m"}})",
+       {{"x", randn({4, 3, 64, 64}, 15)}}},
   };
 }
 

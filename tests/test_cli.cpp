@@ -214,8 +214,8 @@ BOOST_AUTO_TEST_CASE(every_error_code_and_exit_status) {
   expect_failure(cli_run({"run", good, "--input", ints, "--output", s.path("o.safetensors")}),
                  "E_DTYPE", "input x: dtype I32 is not accepted");
   // E_ARG: unknown op; an input file lacking an input or carrying an extra tensor.
-  expect_failure(cli_run({"summary", net("u.json", "conv2d", "{}")}), "E_ARG",
-                 "n0 (conv2d): unknown op 'conv2d'");
+  expect_failure(cli_run({"summary", net("u.json", "teleport", "{}")}), "E_ARG",
+                 "n0 (teleport): unknown op 'teleport'");
   const std::string extra = s.path("extra.safetensors");
   save(extra, {{"x", randn({2, 8, 32}, 1)}, {"mask", randn({2}, 2)}});
   expect_failure(cli_run({"run", good, "--input", extra, "--output", s.path("o.safetensors")}),

@@ -37,6 +37,10 @@
 //   linear         1e-5: float32 dot products of <= 200 terms (~sqrt(k) ulp of sum |x w|).
 //   attention,     1e-5: mha_semantics.md's float32 tolerance; float32 projections (as linear)
 //   MHA            and an exp of ~5e-7 relative error.
+//   conv2d         1e-5: as linear, float32 dot products of C/groups*kh*kw <= 768 terms (ViT's
+//                  16x16x3 patches), one FMA chain each (~sqrt(k) ulp of sum |x w|).
+//   mean,          1e-7: sums in double, one rounding to float32 (<= 2^-24 = 6e-8 relative;
+//   adaptive_avg_pool2d  the worst cases use about 0.4 of it, as add does 0.6).
 // The worst case of each op uses well under a tenth of its tolerance (add: about 0.6). Run with
 // --log_level=message for the targets, that margin per op and target, and the workspace use.
 #include <algorithm>
@@ -58,6 +62,7 @@
 
 #include "backends/cpu/cpu_device.h"
 #include "core/device.h"
+#include "core/parallel.h"
 #include "core/random.h"
 #include "layers/elementwise.h"
 #include "core/tensor.h"
@@ -65,6 +70,7 @@
 #include "core/workspace.h"
 #include "io/network_file.h"
 #include "layers/attention.h"
+#include "layers/conv.h"
 #include "layers/multihead_attention.h"
 #include "layers/network.h"
 #include "layers/op.h"
@@ -1090,6 +1096,244 @@ std::vector<OpCase> multihead_attention_cases() {
   return cases;
 }
 
+// An int-or-pair argument as torch's _pair reads it; `def` when absent.
+std::pair<int64_t, int64_t> pair_arg(const ojson& args, const char* name, int64_t def) {
+  if (!args.contains(name)) return {def, def};
+  const ojson& v = args[name];
+  if (v.is_array()) return {v[0].get<int64_t>(), v[1].get<int64_t>()};
+  return {v.get<int64_t>(), v.get<int64_t>()};
+}
+
+std::vector<OpCase> conv2d_cases() {
+  std::vector<OpCase> cases;
+  // `args` without in_channels (x's channel dim); the geometry as nn.Conv2d reads the args.
+  auto add = [&](const OpInput& x, const ojson& args) {
+    const bool batched = x.shape.size() == 4;
+    f64::Conv2dGeometry g;
+    g.batch = batched ? x.shape[0] : 1;
+    g.channels = x.shape[batched ? 1 : 0];
+    g.height = x.shape[batched ? 2 : 1];
+    g.width = x.shape[batched ? 3 : 2];
+    g.out_channels = args["out_channels"].get<int64_t>();
+    std::tie(g.kernel_h, g.kernel_w) = pair_arg(args, "kernel_size", 0);
+    std::tie(g.stride_h, g.stride_w) = pair_arg(args, "stride", 1);
+    std::tie(g.dilation_h, g.dilation_w) = pair_arg(args, "dilation", 1);
+    g.groups = args.value("groups", int64_t{1});
+    if (args.contains("padding") && args["padding"].is_string()) {
+      if (args["padding"] == "same") {
+        // PyTorch's 'same': dilation * (kernel - 1) zeros, the odd one after.
+        const int64_t th = g.dilation_h * (g.kernel_h - 1), tw = g.dilation_w * (g.kernel_w - 1);
+        g.pad_top = th / 2;
+        g.pad_bottom = th - th / 2;
+        g.pad_left = tw / 2;
+        g.pad_right = tw - tw / 2;
+      }
+    } else {
+      std::tie(g.pad_top, g.pad_left) = pair_arg(args, "padding", 0);
+      g.pad_bottom = g.pad_top;
+      g.pad_right = g.pad_left;
+    }
+    const bool bias = args.value("bias", true);
+    OpCase c;
+    c.args = ojson{{"in_channels", g.channels}};
+    for (const auto& [key, value] : args.items()) c.args[key] = value;
+    c.inputs = {x};
+    c.reference = [g, bias, batched](const Inputs& in, const Params& p) {
+      BOOST_TEST(p.count("bias") == (bias ? 1u : 0u));
+      Shape out = {g.out_channels, g.out_h(), g.out_w()};
+      if (batched) out.insert(out.begin(), g.batch);
+      return std::vector<Expected>{
+          {out, f64::conv2d(g, input(in, "x").to_double_vector(), f64::param(p, "weight"),
+                            f64::param(p, "bias"))}};
+    };
+    cases.push_back(c);
+  };
+  auto k3 = [](int64_t out) { return ojson{{"out_channels", out}, {"kernel_size", 3}}; };
+  auto with_args = [](ojson a, const ojson& more) {
+    for (const auto& [key, value] : more.items()) a[key] = value;
+    return a;
+  };
+  // The GEMM paths (layers/conv.cpp, conv_layout): OpenBLAS; the packed kernel from 32 channels
+  // per group and 1024 patches per forward; 1x1 stride-1 unpadded kernels on the input in place.
+  // Every tail as the output width (3x3, padding 1), against another tail of output channels.
+  for (size_t i = 0; i < std::size(kTails); ++i)
+    add(x_input({2, 3, 4 + static_cast<int64_t>(i % 3), kTails[i]}),
+        with_args(k3(kTails[(i + 3) % std::size(kTails)]), {{"padding", 1}}));
+  // Stride, padding (int, pair, 'same' with odd and even kernels, 'valid'), dilation.
+  add(x_input({2, 4, 9, 9}), with_args(k3(8), {{"stride", 2}, {"padding", 1}}));
+  add(x_input({1, 3, 8, 7}),
+      {{"out_channels", 5}, {"kernel_size", {3, 2}}, {"stride", {2, 1}}, {"padding", {0, 2}}});
+  add(x_input({2, 3, 6, 7}), with_args(k3(4), {{"padding", "same"}}));
+  add(x_input({1, 2, 5, 6}), {{"out_channels", 3}, {"kernel_size", 4}, {"padding", "same"}});
+  add(x_input({2, 3, 7, 9}),
+      {{"out_channels", 4}, {"kernel_size", {4, 2}}, {"dilation", {1, 3}}, {"padding", "same"}});
+  add(x_input({1, 3, 9, 8}), with_args(k3(34), {{"padding", "same"}, {"dilation", 2}}));
+  add(x_input({2, 4, 24, 24}), with_args(k3(33), {{"padding", "same"}, {"dilation", 2}}));
+  add(x_input({2, 3, 7, 8}), with_args(k3(4), {{"padding", "valid"}}));
+  add(x_input({2, 3, 11, 10}), with_args(k3(6), {{"dilation", 2}}));
+  add(x_input({1, 3, 12, 11}), {{"out_channels", 5},
+                                {"kernel_size", {2, 3}},
+                                {"dilation", {3, 2}},
+                                {"padding", {2, 1}},
+                                {"stride", {2, 3}}});
+  // Groups: two; three of 32 output channels each (a whole panel per group: the packed kernel at
+  // 1152 patches); depthwise, and depthwise with two filters per channel.
+  add(x_input({2, 4, 7, 9}), with_args(k3(6), {{"groups", 2}, {"padding", 1}}));
+  add(x_input({1, 6, 9, 8}), with_args(k3(96), {{"groups", 3}, {"padding", 1}}));
+  add(x_input({2, 6, 24, 24}), with_args(k3(96), {{"groups", 3}, {"padding", 1}}));
+  add(x_input({2, 8, 9, 17}), with_args(k3(8), {{"groups", 8}, {"padding", 1}}));
+  add(x_input({1, 4, 7, 7}),
+      {{"out_channels", 8}, {"kernel_size", 5}, {"groups", 4}, {"padding", 2}});
+  // No bias, on both GEMM paths.
+  add(x_input({2, 3, 25, 25}), with_args(k3(40), {{"bias", false}}));
+  add(x_input({2, 3, 8, 9}), with_args(k3(5), {{"bias", false}}));
+  // Unbatched [C, H, W].
+  add(x_input({3, 10, 9}), with_args(k3(6), {{"padding", 1}}));
+  add(x_input({3, 9, 8}), {{"out_channels", 33}, {"kernel_size", {2, 3}}, {"stride", 2}});
+  add(x_input({3, 40, 40}), {{"out_channels", 33}, {"kernel_size", {2, 3}}});
+  // Patch embeddings (kernel = stride): ViT's 16x16 and Swin's 4x4 on 64x64 images, ViT-B/16's
+  // geometry at 224 (196 patches of 768), a size the patches do not tile (30 = 7*4 + 2), and
+  // Swin-T's 96 channels over 1024 patches (the packed kernel).
+  add(x_input({2, 3, 64, 64}), {{"out_channels", 48}, {"kernel_size", 16}, {"stride", 16}});
+  add(x_input({2, 3, 64, 64}), {{"out_channels", 24}, {"kernel_size", 4}, {"stride", 4}});
+  add(x_input({1, 3, 224, 224}), {{"out_channels", 64}, {"kernel_size", 16}, {"stride", 16}});
+  add(x_input({2, 3, 30, 30}), {{"out_channels", 40}, {"kernel_size", 4}, {"stride", 4}});
+  add(x_input({4, 3, 64, 64}),
+      {{"out_channels", 96}, {"kernel_size", 4}, {"stride", {4, 4}}, {"padding", "valid"}});
+  // Odd sizes; a kernel as large as the padded input (a 1x1 output); 1x1 kernels, in place
+  // (grouped too) and gathered (strided, padded: a border of bias only).
+  add(x_input({3, 5, 13, 17}), {{"out_channels", 7},
+                                {"kernel_size", {5, 3}},
+                                {"stride", {3, 2}},
+                                {"padding", {2, 1}},
+                                {"dilation", {1, 2}}});
+  add(x_input({1, 2, 3, 3}), {{"out_channels", 3}, {"kernel_size", 5}, {"padding", 1}});
+  add(x_input({2, 3, 1, 1}), {{"out_channels", 9}, {"kernel_size", 1}});
+  add(x_input({2, 16, 5, 7}), {{"out_channels", 64}, {"kernel_size", 1}});
+  add(x_input({2, 8, 5, 9}), {{"out_channels", 12}, {"kernel_size", 1}, {"groups", 4}});
+  add(x_input({2, 8, 9, 9}), {{"out_channels", 16}, {"kernel_size", 1}, {"stride", 2}});
+  add(x_input({1, 4, 3, 5}), {{"out_channels", 6}, {"kernel_size", 1}, {"padding", 1}});
+  add(x_input({1, 2, 1, 33}), {{"out_channels", 4}, {"kernel_size", {1, 3}}, {"padding", {0, 1}}});
+  // Kernel widths the gather has no fixed-size copy for (6, 9), and the other fixed ones (7, 8,
+  // 14, 32; 1 to 5 are above).
+  add(x_input({1, 3, 12, 13}),
+      {{"out_channels", 5}, {"kernel_size", {2, 6}}, {"stride", {1, 2}}, {"padding", {0, 2}}});
+  add(x_input({2, 2, 9, 20}), {{"out_channels", 3}, {"kernel_size", {1, 9}}, {"stride", 3}});
+  add(x_input({1, 2, 14, 15}), {{"out_channels", 6}, {"kernel_size", 7}, {"stride", 7}});
+  add(x_input({1, 2, 9, 17}), {{"out_channels", 4}, {"kernel_size", 8}, {"padding", {0, 1}}});
+  add(x_input({1, 3, 28, 28}), {{"out_channels", 8}, {"kernel_size", 14}, {"stride", 14}});
+  add(x_input({1, 1, 32, 64}), {{"out_channels", 2}, {"kernel_size", 32}, {"stride", 32}});
+  // Two blocks of output rows (2^20 floats of patches each: 87 rows of 30 patches of 400), the
+  // first holding two whole images and part of the third; both GEMM paths.
+  add(x_input({3, 16, 30, 30}), {{"out_channels", 40}, {"kernel_size", 5}, {"padding", 2}});
+  add(x_input({3, 16, 30, 30}), {{"out_channels", 8}, {"kernel_size", 5}, {"padding", 2}});
+  // One output row over the block size: blocks of a single row.
+  add(x_input({1, 64, 5, 1027}), {{"out_channels", 8}, {"kernel_size", 4}});
+  // An empty batch; stored dtypes and strides the plan converts.
+  add(x_input({0, 3, 8, 8}), k3(4));
+  add(x_input({2, 3, 7, 9}).as(DType::F16), k3(4));
+  add(x_input({2, 3, 8, 6}).transposed(), with_args(k3(4), {{"padding", 1}}));
+  return cases;
+}
+
+std::vector<OpCase> mean_cases() {
+  std::vector<OpCase> cases;
+  // dim: left out when nullopt, else as given (an int, a list or null).
+  auto add = [&](const OpInput& x, std::optional<ojson> dim, bool keepdim) {
+    OpCase c;
+    if (dim) c.args["dim"] = *dim;
+    if (keepdim) c.args["keepdim"] = true;
+    c.inputs = {x};
+    c.tolerance = 1e-7;
+    c.reference = [dim, keepdim](const Inputs& in, const Params&) {
+      const Tensor& x = input(in, "x");
+      const Shape& s = x.shape();
+      std::vector<bool> reduced(s.size(), true);  // absent, null or []: every dim
+      std::vector<int64_t> dims;
+      if (dim && dim->is_number()) dims.push_back(dim->get<int64_t>());
+      if (dim && dim->is_array())
+        for (const ojson& d : *dim) dims.push_back(d.get<int64_t>());
+      if (!dims.empty()) reduced.assign(s.size(), false);
+      for (const int64_t d : dims)
+        if (!s.empty()) reduced[static_cast<size_t>(wrap(d, s.size()))] = true;
+      Shape out;
+      for (size_t i = 0; i < s.size(); ++i) {
+        if (!reduced[i])
+          out.push_back(s[i]);
+        else if (keepdim)
+          out.push_back(1);
+      }
+      return std::vector<Expected>{{out, f64::mean(x.to_double_vector(), s, reduced)}};
+    };
+    cases.push_back(c);
+  };
+  for (const int64_t n : kTails) {
+    add(x_input({3, n}), ojson(-1), false);
+    add(x_input({n, 5}), ojson(0), true);
+  }
+  add(x_input({2, 3, 17}), ojson::array({0, 2}), false);
+  add(x_input({2, 3, 17}), ojson::array({2, 0}), true);
+  add(x_input({2, 3, 17}), std::nullopt, false);   // every dim
+  add(x_input({2, 3, 17}), ojson::array(), true);  // torch 1.13: [] is every dim too
+  add(x_input({2, 3, 17}), ojson(nullptr), false);
+  add(x_input({2, 49, 96}), ojson(1), false);  // tokens averaged (7x7 windows of 96 channels)
+  add(x_input({2, 7, 7, 33}), ojson::array({-3, -2}), false);
+  add(x_input({2, 9, 16}), ojson::array({-1, -2}), true);
+  add(x_input({}), ojson(0), false);  // a scalar: dim 0 and -1 name it
+  add(x_input({}), ojson(-1), true);
+  add(x_input({}), std::nullopt, false);
+  add(x_input({0, 3}), ojson(1), false);  // nothing to average into: an empty output
+  add(x_input({4, 1, 5}), ojson(1), false);
+  add(x_input({1, 1}), ojson(0), false);
+  add(x_input({2, 3, 300}), ojson(1), false);  // kept rows over one 256-column chunk
+  add(x_input({2, 3, 300}), ojson(2), true);
+  add(x_input({3, 4, 5, 6}), ojson::array({0, 2}), false);  // reduced, kept, reduced, kept
+  add(x_input({3, 4, 5, 6}), ojson::array({1, 3}), true);   // kept, reduced, kept, reduced
+  add(x_input({2, 3, 1, 4, 5}), ojson::array({1, 2, 3}), false);
+  add(x_input({5, 33}, Fill::offset), ojson(-1), false);
+  add(x_input({40, 1000}, Fill::offset), ojson(0), false);
+  add(x_input({3, 17}).as(DType::F16), ojson(0), false);
+  add(x_input({4, 9}).transposed(), ojson(-1), true);
+  return cases;
+}
+
+std::vector<OpCase> adaptive_avg_pool2d_cases() {
+  std::vector<OpCase> cases;
+  // output_size: an int, or [h, w] with nulls keeping the input size.
+  auto add = [&](const OpInput& x, const ojson& output_size) {
+    OpCase c;
+    c.args["output_size"] = output_size;
+    c.inputs = {x};
+    c.tolerance = 1e-7;
+    c.reference = [output_size](const Inputs& in, const Params&) {
+      const Tensor& x = input(in, "x");
+      Shape out = x.shape();
+      const ojson h = output_size.is_array() ? output_size[0] : output_size;
+      const ojson w = output_size.is_array() ? output_size[1] : output_size;
+      if (!h.is_null()) out[out.size() - 2] = h.get<int64_t>();
+      if (!w.is_null()) out.back() = w.get<int64_t>();
+      return std::vector<Expected>{
+          {out, f64::adaptive_avg_pool2d(x.to_double_vector(), x.shape(), out[out.size() - 2],
+                                         out.back())}};
+    };
+    cases.push_back(c);
+  };
+  for (const int64_t n : kTails) add(x_input({1, 2, 3, n}), ojson::array({2, (n + 1) / 2}));
+  add(x_input({2, 3, 7, 7}), 1);    // global average pooling
+  add(x_input({2, 96, 7, 7}), 1);   // Swin-T's head: 7x7 windows of 768 channels, narrowed
+  add(x_input({1, 4, 14, 14}), 7);  // windows of 2x2, no overlap
+  add(x_input({2, 3, 5, 7}), ojson::array({3, 2}));      // overlapping windows
+  add(x_input({3, 10, 9}), ojson::array({4, nullptr}));  // unbatched; W kept
+  add(x_input({1, 2, 3, 5}), ojson::array({7, 8}));      // larger than the input: cells repeat
+  add(x_input({2, 2, 4, 6}), ojson::array({nullptr, nullptr}));
+  add(x_input({1, 1, 1, 1}), 3);
+  add(x_input({1, 2, 4, 4}), 0);  // an empty output
+  add(x_input({0, 3, 5, 5}), 2);  // an empty batch
+  add(x_input({2, 3, 9, 8}).as(DType::BF16), ojson::array({2, 3}));
+  add(x_input({2, 3, 6, 5}).transposed(), 2);
+  return cases;
+}
+
 // Every op of the ops table and its cases. Adding an op: add its case list here.
 struct CaseList {
   const char* op;
@@ -1114,6 +1358,9 @@ const CaseList kCaseLists[] = {
     {"roll", roll_cases},
     {"pad", pad_cases},
     {"expand", expand_cases},
+    {"conv2d", conv2d_cases},  // layers/conv.cpp
+    {"mean", mean_cases},
+    {"adaptive_avg_pool2d", adaptive_avg_pool2d_cases},
 };
 
 // ---------------------------------------------------------------- the harness
@@ -1736,6 +1983,197 @@ BOOST_AUTO_TEST_CASE(layout_op_errors) {
   // Every layout op takes floats only.
   expect_error(ErrorCode::DType, "x has dtype bool; flatten needs a float input",
                [] { layout_out("flatten", ojson::object(), {n(2)}, {}, DType::Bool); });
+// Every GEMM path gives the same bits on one thread and on two: the work splits by shape only.
+BOOST_AUTO_TEST_CASE(conv2d_results_do_not_depend_on_threads) {
+  struct Geometry {
+    Shape x;
+    int64_t out, kernel, stride, pad, groups;
+  };
+  const Geometry geometries[] = {
+      {{4, 3, 64, 64}, 96, 4, 4, 0, 1},    // packed kernel
+      {{2, 6, 24, 24}, 96, 3, 1, 1, 3},    // packed kernel, groups
+      {{2, 3, 64, 64}, 48, 16, 16, 0, 1},  // OpenBLAS
+      {{3, 16, 30, 30}, 8, 5, 1, 2, 1},    // OpenBLAS, two blocks
+      {{2, 16, 20, 20}, 40, 1, 1, 0, 2},   // pointwise
+  };
+  Generator gen(3);
+  for (const Geometry& g : geometries) {
+    Conv2dOptions o;
+    o.in_channels = g.x[1];
+    o.out_channels = g.out;
+    o.kernel_h = o.kernel_w = g.kernel;
+    o.stride_h = o.stride_w = g.stride;
+    o.pad_top = o.pad_bottom = o.pad_left = o.pad_right = g.pad;
+    o.groups = g.groups;
+    Conv2dShape s;
+    s.batch = g.x[0];
+    s.height = g.x[2];
+    s.width = g.x[3];
+    s.out_h = conv2d_output_size(s.height, 2 * g.pad, g.kernel, g.stride, 1, "height", "test");
+    s.out_w = conv2d_output_size(s.width, 2 * g.pad, g.kernel, g.stride, 1, "width", "test");
+    const Tensor x = Tensor::randn(g.x, gen);
+    const Tensor w = Tensor::randn({g.out, o.in_channels / g.groups, g.kernel, g.kernel}, gen);
+    const Tensor b = Tensor::randn({g.out}, gen);
+    const size_t bytes = conv2d_workspace_bytes(cpu_device(), o, s);
+    const Tensor scratch = Tensor::empty({static_cast<int64_t>(bytes / sizeof(float)) + 1});
+    std::vector<Tensor> ys;
+    for (const int threads : {1, 2}) {
+      set_num_threads(threads);
+      ys.push_back(Tensor::full({s.batch, g.out, s.out_h, s.out_w}, kNaN));
+      Workspace ws(scratch.raw_data(), bytes);
+      conv2d_forward_f32(cpu_device(), o, s, x.data<float>(), w.data<float>(), b.data<float>(),
+                         ys.back().data<float>(), ws);
+    }
+    set_num_threads(0);
+    BOOST_TEST(bitwise_equal(ys[0], ys[1]), "x " << shape_to_string(g.x) << " -> " << g.out);
+  }
+}
+
+// A one-node network on input x (a JSON shape or {"shape", "dtype"}) resolved, for the errors
+// that infer and the op's constructor raise.
+void resolve_one(const std::string& x, const std::string& op, const std::string& args) {
+  Network::resolve(parse_network(
+      std::string(R"({"inputs": {"x": )") + x + R"(}, "nodes": [{"name": "n0", "op": ")" + op +
+          R"(", "args": )" + args + R"(, "inputs": {"x": "x"}}], "outputs": {"y": "n0"}})",
+      "test.json"));
+}
+
+BOOST_AUTO_TEST_CASE(conv2d_mean_pool_reject_bad_args_and_shapes) {
+  auto conv = [](const std::string& x, const std::string& more) {
+    return [x, more] {
+      resolve_one(x, "conv2d", R"({"in_channels": 4, "out_channels": 6)" + more + "}");
+    };
+  };
+  const std::string x = "[1, 4, 8, 8]";
+  expect_error(ErrorCode::Constraint,
+               "n0 (conv2d): groups=4 must divide in_channels=4 and "
+               "out_channels=6",
+               conv(x, R"(, "kernel_size": 3, "groups": 4)"));
+  expect_error(ErrorCode::Shape,
+               "the padded input height 3 + 2 is smaller than the dilated "
+               "kernel 7",
+               conv("[1, 4, 3, 9]", R"(, "kernel_size": 7, "padding": 1)"));
+  expect_error(ErrorCode::Shape,
+               "the padded input width 8 + 0 is smaller than the dilated kernel 9",
+               conv(x, R"(, "kernel_size": [1, 5], "dilation": 2)"));
+  expect_error(ErrorCode::Shape, "x [1, 3, 8, 8] has 3 channels (dim 1), in_channels=4",
+               conv("[1, 3, 8, 8]", R"(, "kernel_size": 3)"));
+  expect_error(ErrorCode::Shape, "x [3, 8, 8] has 3 channels (dim 0), in_channels=4",
+               conv("[3, 8, 8]", R"(, "kernel_size": 3)"));
+  expect_error(ErrorCode::Constraint, "padding='same' is not supported for strided convolutions",
+               conv(x, R"(, "kernel_size": 3, "stride": 2, "padding": "same")"));
+  expect_error(ErrorCode::Constraint, "padding='full' must be 'valid', 'same'",
+               conv(x, R"(, "kernel_size": 3, "padding": "full")"));
+  expect_error(ErrorCode::Unsupported, "padding_mode='reflect' is not supported",
+               conv(x, R"(, "kernel_size": 3, "padding_mode": "reflect")"));
+  expect_error(ErrorCode::Constraint, "padding_mode='mirror' must be one of",
+               conv(x, R"(, "kernel_size": 3, "padding_mode": "mirror")"));
+  expect_error(ErrorCode::Arg, "missing required argument kernel_size", conv(x, ""));
+  expect_error(ErrorCode::Arg, "argument kernel_size must be an int or a pair of ints, got array",
+               conv(x, R"(, "kernel_size": [3, 3, 3])"));
+  expect_error(ErrorCode::Arg, "argument stride must be an int or a pair of ints, got string",
+               conv(x, R"(, "kernel_size": 3, "stride": "2")"));
+  expect_error(ErrorCode::Constraint, "stride=[1, 0] must be >= 1",
+               conv(x, R"(, "kernel_size": 3, "stride": [1, 0])"));
+  expect_error(ErrorCode::Constraint, "kernel_size=0 must be >= 1",
+               conv(x, R"(, "kernel_size": 0)"));
+  expect_error(ErrorCode::Constraint, "padding=-1 must be >= 0",
+               conv(x, R"(, "kernel_size": 3, "padding": -1)"));
+  expect_error(ErrorCode::Constraint, "dilation=0 must be >= 1",
+               conv(x, R"(, "kernel_size": 3, "dilation": 0)"));
+  expect_error(ErrorCode::Constraint, "kernel_size=[1, 2147483648] must be <= 2147483647",
+               conv(x, R"(, "kernel_size": [1, 2147483648])"));
+  expect_error(ErrorCode::Constraint, "is too large",
+               conv(x, R"(, "kernel_size": 2147483647, "out_channels": 4294967296)"));
+  expect_error(ErrorCode::Constraint, "out_channels=0 must be >= 1", [] {
+    resolve_one("[1, 4, 8, 8]", "conv2d",
+                R"({"in_channels": 4, "out_channels": 0, "kernel_size": 1})");
+  });
+  expect_error(ErrorCode::Arg, "unknown argument 'padding_value'",
+               conv(x, R"(, "kernel_size": 3, "padding_value": 0)"));
+  expect_error(ErrorCode::Shape, "x [4, 8] is not [N, C, H, W] or [C, H, W]",
+               conv("[4, 8]", R"(, "kernel_size": 3)"));
+  expect_error(ErrorCode::Shape, "has an empty spatial dim",
+               conv("[1, 4, 0, 8]", R"(, "kernel_size": 1, "padding": 1)"));
+  expect_error(ErrorCode::DType, "x has dtype bool; conv2d needs a float input",
+               conv(R"({"shape": [1, 4, 8, 8], "dtype": "bool"})", R"(, "kernel_size": 3)"));
+
+  // Open dims: the output size as an expression, checked once the dims are bound.
+  const NetworkSpec open =
+      parse_network(std::string(R"({"inputs": {"x": ["B", 3, "H", "W"]}, "nodes": [
+      {"name": "p", "op": "conv2d", "args": {"in_channels": 3, "out_channels": 8,
+                                             "kernel_size": 16, "stride": 16}, "inputs": {"x": "x"}},
+      {"name": "c", "op": "conv2d", "args": {"in_channels": 8, "out_channels": 8, "kernel_size": 3,
+                                             "stride": 2, "padding": 1}, "inputs": {"x": "p"}},
+      {"name": "v", "op": "conv2d", "args": {"in_channels": 8, "out_channels": 4, "kernel_size": 3},
+       "inputs": {"x": "c"}}], "outputs": {"y": "v"}})"),
+                    "test.json");
+  const Network net = Network::resolve(open);
+  BOOST_TEST(sym_shape_to_string(net.values().back().type.shape) ==
+             "[B, 4, (H/16+1)/2-2, (W/16+1)/2-2]");
+  const Network bound = Network::resolve(open, {{"x", {2, 3, 224, 96}}});
+  BOOST_TEST(sym_shape_to_string(bound.values().back().type.shape) == "[2, 4, 5, 1]");
+  expect_error(ErrorCode::Shape,
+               "p (conv2d): the padded input height 15 + 0 is smaller than the "
+               "dilated kernel 16",
+               [&] {
+                 Network::resolve(open, {{"x", {1, 3, 15, 64}}});
+               });
+  expect_error(ErrorCode::Shape, "v (conv2d): the padded input width 2 + 0 is smaller", [&] {
+    Network::resolve(open, {{"x", {1, 3, 96, 64}}});
+  });
+
+  // FLOPs: 2 * N * out * oh * ow * (in / groups) * kh * kw, plus one add per output for the bias.
+  {
+    NetworkNode node{"n0",
+                     "conv2d",
+                     ojson::parse(R"({"in_channels": 4, "out_channels": 6, "kernel_size": [3, 2],
+                                      "groups": 2, "stride": 2})"),
+                     {{"x", "x"}}};
+    const std::unique_ptr<Op> op = make_op(node);
+    const ValueType x{fixed_shape({2, 4, 9, 8}), DType::F32};
+    const InputTypes in = {&x};
+    const double outputs = 2.0 * 6 * 4 * 4;
+    BOOST_TEST(op->cost(in).flops == 2.0 * outputs * 2 * 3 * 2 + outputs);
+  }
+
+  auto mean = [](const std::string& x, const std::string& args) {
+    return [x, args] { resolve_one(x, "mean", args); };
+  };
+  expect_error(ErrorCode::Constraint, "n0 (mean): dim=3 is out of range for a rank-3 input",
+               mean("[2, 3, 4]", R"({"dim": 3})"));
+  expect_error(ErrorCode::Constraint, "dim=-2 is out of range for a rank-1 input",
+               mean("[]", R"({"dim": [-2]})"));
+  expect_error(ErrorCode::Constraint, "dim 1 appears more than once in dim",
+               mean("[2, 3, 4]", R"({"dim": [1, -2]})"));
+  expect_error(ErrorCode::Arg, "argument dim must be an int, a list of ints or null, got string",
+               mean("[2, 3, 4]", R"({"dim": "1"})"));
+  expect_error(ErrorCode::Arg, "argument keepdim must be a boolean",
+               mean("[2, 3, 4]", R"({"keepdim": 1})"));
+  expect_error(ErrorCode::Arg, "unknown argument 'dtype'", mean("[2, 3]", R"({"dtype": "f32"})"));
+  {
+    // An empty reduction is 0/0, as torch.mean gives (the harness compares no NaN).
+    const Tensor x = Tensor::zeros({0, 3});
+    Tensor y = Tensor::empty({3});
+    const int64_t dims[] = {0};
+    mean_into(x, dims, false, y, "test");
+    for (const float v : y.to_float_vector()) BOOST_TEST(std::isnan(v));
+  }
+
+  auto pool = [](const std::string& x, const std::string& args) {
+    return [x, args] { resolve_one(x, "adaptive_avg_pool2d", args); };
+  };
+  expect_error(ErrorCode::Constraint, "output_size=[2, -1] must be >= 0",
+               pool("[1, 2, 4, 4]", R"({"output_size": [2, -1]})"));
+  expect_error(ErrorCode::Arg, "argument output_size must be an int, or a pair of ints or nulls",
+               pool("[1, 2, 4, 4]", R"({"output_size": [1, 2, 3]})"));
+  expect_error(ErrorCode::Arg, "argument output_size must be",
+               pool("[1, 2, 4, 4]", R"({"output_size": null})"));
+  expect_error(ErrorCode::Arg, "missing required argument output_size", pool("[1, 2, 4, 4]", "{}"));
+  expect_error(ErrorCode::Shape, "x [1, 1, 2, 4, 4] is not [N, C, H, W] or [C, H, W]",
+               pool("[1, 1, 2, 4, 4]", R"({"output_size": 2})"));
+  expect_error(ErrorCode::Shape, "x [2, 0, 4] has an empty dim 1",
+               pool("[2, 0, 4]", R"({"output_size": 2})"));
 }
 
 BOOST_AUTO_TEST_SUITE_END()
