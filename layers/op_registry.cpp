@@ -19,6 +19,15 @@ std::unique_ptr<Op> make_add_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_relu_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_chunk_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_concat_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_sub_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_mul_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_div_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_silu_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_tanh_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_sigmoid_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_softmax_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_dropout_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_matmul_op(const NetworkNode&, const std::string&);
 
 namespace {
 
@@ -38,6 +47,15 @@ constexpr OpEntry kOps[] = {
     {"chunk", make_chunk_op},                              // layers/shape_ops.cpp
     {"concat", make_concat_op},                            // layers/shape_ops.cpp
     {"relu", make_relu_op},                                // layers/elementwise.cpp
+    {"sub", make_sub_op},                                  // layers/elementwise.cpp
+    {"mul", make_mul_op},                                  // layers/elementwise.cpp
+    {"div", make_div_op},                                  // layers/elementwise.cpp
+    {"silu", make_silu_op},                                // layers/elementwise.cpp
+    {"tanh", make_tanh_op},                                // layers/elementwise.cpp
+    {"sigmoid", make_sigmoid_op},                          // layers/elementwise.cpp
+    {"softmax", make_softmax_op},                          // layers/elementwise.cpp
+    {"dropout", make_dropout_op},                          // layers/elementwise.cpp
+    {"matmul", make_matmul_op},                            // layers/matmul.cpp
 };
 
 }  // namespace

@@ -133,6 +133,12 @@ Shape broadcast_shape(const Shape& a, const Shape& b) {
 
 std::vector<double> add(const std::vector<double>& a, const Shape& sa, const std::vector<double>& b,
                         const Shape& sb) {
+  return binary(a, sa, b, sb, [](double x, double y) { return x + y; });
+}
+
+std::vector<double> binary(const std::vector<double>& a, const Shape& sa,
+                           const std::vector<double>& b, const Shape& sb,
+                           double (*op)(double, double)) {
   const Shape so = broadcast_shape(sa, sb);
   std::vector<double> y(static_cast<size_t>(shape_numel(so)));
   // Each output index read from a and b with their size-1 dims pinned to 0.
@@ -145,9 +151,71 @@ std::vector<double> add(const std::vector<double>& a, const Shape& sa, const std
   };
   for (int64_t f = 0; f < shape_numel(so); ++f) {
     const std::vector<int64_t> idx = unravel(f, so);
-    y[static_cast<size_t>(f)] = read(idx, sa, a) + read(idx, sb, b);
+    y[static_cast<size_t>(f)] = op(read(idx, sa, a), read(idx, sb, b));
   }
   return y;
+}
+
+std::vector<double> softmax(const std::vector<double>& x, const Shape& s, int64_t dim) {
+  if (s.empty()) {  // one element: weight 1 (NaN for -inf, +inf or NaN, as x - max is NaN)
+    BOOST_REQUIRE(dim == 0 || dim == -1);
+    return {std::isfinite(x[0]) ? 1.0 : std::nan("")};
+  }
+  const auto rank = static_cast<int64_t>(s.size());
+  BOOST_REQUIRE(dim >= -rank && dim < rank);
+  const auto d = static_cast<size_t>(dim < 0 ? dim + rank : dim);
+  const int64_t step = strides_of(s)[d], len = s[d];
+  std::vector<double> y(x.size());
+  for (int64_t f = 0; f < static_cast<int64_t>(x.size()); ++f) {
+    if (unravel(f, s)[d] != 0) continue;  // f starts a slice along d
+    double mx = -kInf;
+    for (int64_t i = 0; i < len; ++i) mx = std::max(mx, x[static_cast<size_t>(f + i * step)]);
+    double sum = 0.0;
+    for (int64_t i = 0; i < len; ++i) sum += std::exp(x[static_cast<size_t>(f + i * step)] - mx);
+    for (int64_t i = 0; i < len; ++i) {
+      const auto at = static_cast<size_t>(f + i * step);
+      y[at] = mx == -kInf ? std::nan("") : std::exp(x[at] - mx) / sum;
+    }
+  }
+  return y;
+}
+
+std::pair<Shape, std::vector<double>> matmul(const std::vector<double>& a, const Shape& sa,
+                                             const std::vector<double>& b, const Shape& sb) {
+  BOOST_REQUIRE(!sa.empty() && !sb.empty());
+  // Promote to matrices, then remember which added dims to drop.
+  const Shape ma = sa.size() == 1 ? Shape{1, sa[0]} : sa;
+  const Shape mb = sb.size() == 1 ? Shape{sb[0], 1} : sb;
+  const int64_t M = ma[ma.size() - 2], K = ma.back(), N = mb.back();
+  BOOST_REQUIRE(mb[mb.size() - 2] == K);
+  const Shape batch_a(ma.begin(), ma.end() - 2), batch_b(mb.begin(), mb.end() - 2);
+  const Shape batch = broadcast_shape(batch_a, batch_b);
+  Shape full = batch;
+  full.push_back(M);
+  full.push_back(N);
+  std::vector<double> y(static_cast<size_t>(shape_numel(full)), 0.0);
+  // Element (batch idx, i, j) = sum_p a[idx', i, p] b[idx'', p, j], idx' and idx'' the batch
+  // index with each operand's size-1 (or missing) dims pinned to 0.
+  auto offset = [&](const std::vector<int64_t>& idx, const Shape& s) {
+    const std::vector<int64_t> st = strides_of(s);
+    int64_t off = 0;
+    const size_t skip = batch.size() + 2 - s.size();
+    for (size_t k = 0; k + 2 < s.size(); ++k) off += (s[k] == 1 ? 0 : idx[k + skip]) * st[k];
+    return off;
+  };
+  for (int64_t f = 0; f < static_cast<int64_t>(y.size()); ++f) {
+    const std::vector<int64_t> idx = unravel(f, full);
+    const int64_t i = idx[idx.size() - 2], j = idx.back();
+    const int64_t oa = offset(idx, ma), ob = offset(idx, mb);
+    double acc = 0.0;
+    for (int64_t p = 0; p < K; ++p)
+      acc += a[static_cast<size_t>(oa + i * K + p)] * b[static_cast<size_t>(ob + p * N + j)];
+    y[static_cast<size_t>(f)] = acc;
+  }
+  Shape out = batch;
+  if (sa.size() > 1) out.push_back(M);
+  if (sb.size() > 1) out.push_back(N);
+  return {out, y};
 }
 
 void attention_head(int64_t L, int64_t S, int64_t D, int64_t Dv, double scale, const double* q,
