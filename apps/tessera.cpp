@@ -325,7 +325,7 @@ int cmd_recipe(int argc, char** argv) {
     settings.emplace_back(s.substr(0, eq), std::move(value));
   }
   const nlohmann::ordered_json net = make_recipe(arch, settings);
-  const std::string text = net.dump(1) + "\n";
+  const std::string text = recipe_text(net);
   // What it writes resolves: a recipe that made a network the resolver refuses is our bug.
   try {
     Network::resolve(parse_network(text, "recipe " + arch));

@@ -44,6 +44,17 @@ struct NamedUnaryMapF32 {
   UnaryMapF32 fn;
 };
 
+// A broadcasting binary map y[i] = a[i * a_step] op b[i * b_step] for i < n, each step 0 (the one
+// value a[0] or b[0] stretched over the row) or 1; y may alias an operand of step 1. Named by the
+// op it serves ("add", "sub", "mul", "div"): one IEEE operation per element, so every target
+// gives the same bits.
+using BinaryMapF32 = void (*)(int64_t n, const float* a, int64_t a_step, const float* b,
+                              int64_t b_step, float* y);
+struct NamedBinaryMapF32 {
+  const char* name;
+  BinaryMapF32 fn;
+};
+
 struct KernelTable {
   // C[m, n] = alpha * op(A) * op(B) + beta * C, op(X) = X or X^T (trans_*), row-major.
   // op(A) is [m, k], op(B) is [k, n]; lda/ldb/ldc are row strides of the stored matrices.
@@ -103,6 +114,21 @@ struct KernelTable {
       if (name == unary_maps_f32[i].name) return unary_maps_f32[i].fn;
     return nullptr;
   }
+  // The broadcasting binary maps ("add", "sub", "mul", "div"), found the same way.
+  const NamedBinaryMapF32* binary_maps_f32 = nullptr;
+  int64_t binary_map_count = 0;
+  BinaryMapF32 binary_map_f32(std::string_view name) const {
+    for (int64_t i = 0; i < binary_map_count; ++i)
+      if (name == binary_maps_f32[i].name) return binary_maps_f32[i].fn;
+    return nullptr;
+  }
+
+  // y[i, j] = softmax over i of x[i, j], for i < rows, j < cols: softmax down each column of a
+  // row-major block (torch.softmax over a dim that is not the last; cols = the product of the
+  // later dims); columns contiguous. PyTorch's special values: a column of all -inf, or holding
+  // a NaN or +inf, becomes NaN. x and y may alias (same strides).
+  void (*softmax_columns_f32)(int64_t rows, int64_t cols, const float* x, int64_t x_stride,
+                              float* y, int64_t y_stride) = nullptr;
 
   // Fused attention for one tile (core/attention_tile.h). Rows whose keys are all masked get
   // zeros (never NaN); a NaN score makes its row NaN. Null when the backend has none; the core

@@ -248,6 +248,25 @@ SMALL = {
         ("l", "linear", {"out_features": 9}, {"x": "r"}),
         ("r2", "relu", {}, {"x": "l"}),
     ], {"y": "r2"}),
+    "math_ops": net({"x": [2, 3, 9], "w": [9, 5], "z": [5]}, [
+        ("m", "matmul", {}, {"a": "x", "b": "w"}),
+        ("s", "softmax", {"dim": -1}, {"x": "m"}),
+        ("s0", "softmax", {"dim": 0}, {"x": "m"}),
+        ("a", "silu", {}, {"x": "s"}),
+        ("t", "tanh", {}, {"x": "s0"}),
+        ("g", "sigmoid", {}, {"x": "m"}),
+        ("u", "mul", {}, {"a": "a", "b": "t"}),
+        ("v", "sub", {"alpha": 1}, {"a": "u", "b": "g"}),
+        ("q", "div", {}, {"a": "v", "b": "z"}),
+        ("d", "dropout", {"p": 0.1, "inplace": False, "training": False}, {"x": "q"}),
+    ], {"y": "d"}),
+    "matmul_broadcast": net({"a": ["B", 1, 4, 3], "b": [5, 3, 2], "v": [3], "u": [4]}, [
+        ("p", "matmul", {}, {"a": "a", "b": "b"}),
+        ("mv", "matmul", {}, {"a": "a", "b": "v"}),
+        ("mvv", "matmul", {}, {"a": "mv", "b": "u"}),
+        ("vb", "matmul", {}, {"a": "v", "b": "b"}),
+        ("dot", "matmul", {}, {"a": "v", "b": "v"}),
+    ], {"p": "p", "mvv": "mvv", "vb": "vb", "dot": "dot"}),
 }
 
 
@@ -328,7 +347,7 @@ def run_seeds():
 
     # Added later than the seeds above, so that their random draws stay as they were.
     for name in ["relu", "layout_window", "layout_merge", "layout_tokens", "conv_patch_mean",
-                 "conv_strided_pool"]:
+                 "conv_strided_pool", "math_ops", "matmul_broadcast"]:
         n = SMALL[name]
         text = json.dumps(n, separators=(",", ":")).encode()
         write("run", name + "_random_init", run_seed(1, text, b"", input_file(n)))

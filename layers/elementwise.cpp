@@ -1,13 +1,16 @@
-#include "backends/cpu/cpu_device.h"
-#include "core/text.h"
 #include "layers/elementwise.h"
 
 #include <algorithm>
 #include <array>
+#include <cstring>
+#include <limits>
 #include <span>
+#include <string_view>
 
+#include "backends/cpu/cpu_device.h"
 #include "core/limits.h"
 #include "core/parallel.h"
+#include "core/text.h"
 #include "layers/op_args.h"
 #include "layers/tensor_checks.h"
 
@@ -69,7 +72,10 @@ void unary_map_into(const char* map, const Tensor& x, Tensor& y, const std::stri
                [&](int64_t i0, int64_t i1) { fn(i1 - i0, xp + i0, yp + i0); });
 }
 
-void add_into(const Tensor& a, const Tensor& b, Tensor& y, const std::string& where) {
+void binary_into(const char* op, const Tensor& a, const Tensor& b, Tensor& y,
+                 const std::string& where) {
+  const BinaryMapF32 fn = cpu_device().kernels().binary_map_f32(op);
+  if (!fn) fail(ErrorCode::Internal, where, std::string("the backend has no kernel for ") + op);
   Tensor as, bs;
   const Tensor& ac = f32_contiguous(a, as, "a", where);
   const Tensor& bc = f32_contiguous(b, bs, "b", where);
@@ -81,11 +87,10 @@ void add_into(const Tensor& a, const Tensor& b, Tensor& y, const std::string& wh
   const float* ap = ac.data<float>();
   const float* bp = bc.data<float>();
   float* yp = y.data<float>();
-  const KernelTable& k = cpu_device().kernels();
 
   if (ac.shape() == bc.shape()) {
     parallel_for(0, n_out, kElementGrain,
-                 [&](int64_t i0, int64_t i1) { k.add_f32(i1 - i0, ap + i0, bp + i0, yp + i0); });
+                 [&](int64_t i0, int64_t i1) { fn(i1 - i0, ap + i0, 1, bp + i0, 1, yp + i0); });
     return;
   }
   // Broadcast: element strides of a and b over the output's dims (0 where they stretch). The
@@ -114,20 +119,72 @@ void add_into(const Tensor& a, const Tensor& b, Tensor& y, const std::string& wh
                      oa += idx * sa[i];
                      ob += idx * sb[i];
                    }
-                   const float* pa = ap + oa;
-                   const float* pb = bp + ob;
-                   float* py = yp + r * n;
-                   if (ia == 1 && ib == 1) {
-                     k.add_f32(n, pa, pb, py);
-                   } else if (ia == 1) {
-                     for (int64_t j = 0; j < n; ++j) py[j] = pa[j] + pb[0];
-                   } else if (ib == 1) {
-                     for (int64_t j = 0; j < n; ++j) py[j] = pa[0] + pb[j];
-                   } else {
-                     std::fill(py, py + n, pa[0] + pb[0]);
-                   }
+                   fn(n, ap + oa, ia, bp + ob, ib, yp + r * n);
                  }
                });
+}
+
+void add_into(const Tensor& a, const Tensor& b, Tensor& y, const std::string& where) {
+  binary_into("add", a, b, y, where);
+}
+
+void softmax_into(const Tensor& x, int64_t dim, Tensor& y, const std::string& where) {
+  Tensor xs;
+  const Tensor& xc = f32_contiguous(x, xs, "x", where);
+  // A 0-d tensor takes dim -1 or 0, as PyTorch: one row of one element.
+  const int64_t d = wrap_dim(dim, std::max<int64_t>(xc.dim(), 1), where, "input");
+  check_output(y, xc.shape(), "y", where);
+  const Shape& s = xc.shape();
+  const int64_t n = s.empty() ? 1 : s[static_cast<size_t>(d)];
+  const int64_t outer = s.empty() ? 1 : product(s, 0, static_cast<size_t>(d));
+  const int64_t inner = s.empty() ? 1 : product(s, static_cast<size_t>(d) + 1, s.size());
+  if (n == 0 || outer == 0 || inner == 0) return;
+  const float* xp = xc.data<float>();
+  float* yp = y.data<float>();
+  const KernelTable& k = cpu_device().kernels();
+  if (inner == 1) {
+    // Contiguous rows: the row kernel attention uses. Its contract turns a row of all -inf into
+    // zeros (a query with no admissible key); torch.softmax gives NaN there (every x - max is
+    // -inf - -inf). Such a row is the only one the kernel leaves all zero: in any other row the
+    // max entry weighs exp(0) / sum >= 1/n > 0 (or the row is NaN). So a scan that stops at the
+    // first non-zero weight, usually the first, finds them.
+    parallel_for(0, outer, std::max<int64_t>(1, kElementGrain / n), [&](int64_t r0, int64_t r1) {
+      k.softmax_rows_f32(r1 - r0, n, xp + r0 * n, n, 1.0f, nullptr, 0, yp + r0 * n, n);
+      for (int64_t r = r0; r < r1; ++r) {
+        float* row = yp + r * n;
+        if (std::all_of(row, row + n, [](float v) { return v == 0.0f; }))
+          std::fill(row, row + n, std::numeric_limits<float>::quiet_NaN());
+      }
+    });
+    return;
+  }
+  // Another dim: each outer index is an [n, inner] block, softmax down its columns. Work items
+  // are (outer index, block of kColumns columns), so a softmax over dim 0 of one big matrix
+  // still splits; a split by shape only, and columns are independent anyway.
+  constexpr int64_t kColumns = 256;  // 1 KiB of each row: 16 AVX-512 vectors, 4 kernel blocks
+  const int64_t column_blocks = (inner + kColumns - 1) / kColumns;
+  const int64_t block_elements = n * std::min(inner, kColumns);
+  parallel_for(0, outer * column_blocks, std::max<int64_t>(1, kElementGrain / block_elements),
+               [&](int64_t w0, int64_t w1) {
+                 for (int64_t w = w0; w < w1; ++w) {
+                   const int64_t o = w / column_blocks, c0 = (w % column_blocks) * kColumns;
+                   const int64_t offset = o * n * inner + c0;
+                   k.softmax_columns_f32(n, std::min(kColumns, inner - c0), xp + offset, inner,
+                                         yp + offset, inner);
+                 }
+               });
+}
+
+void copy_into(const Tensor& x, Tensor& y, const std::string& where) {
+  Tensor xs;
+  const Tensor& xc = f32_contiguous(x, xs, "x", where);
+  check_output(y, xc.shape(), "y", where);
+  const float* xp = xc.data<float>();
+  float* yp = y.data<float>();
+  if (xp == yp) return;
+  parallel_for(0, xc.numel(), kElementGrain, [&](int64_t i0, int64_t i1) {
+    std::memcpy(yp + i0, xp + i0, static_cast<size_t>(i1 - i0) * sizeof(float));
+  });
 }
 
 // ---------------------------------------------------------------- the ops
@@ -190,19 +247,30 @@ class GeluOp : public Op {
   bool tanh_;
 };
 
-class AddOp : public Op {
+// A broadcasting binary op (add, sub, mul, div) over the backend's binary map of the same name.
+// One FLOP per element produced.
+class BinaryOp : public Op {
  public:
-  AddOp(const NetworkNode& node, const std::string& where) : Op(where) {
-    Args(node.args, where, "add").finish();
+  BinaryOp(const NetworkNode& node, const std::string& where, const char* op) : Op(where), op_(op) {
+    Args a(node.args, where, op);
+    if (std::string_view(op) == "sub") {
+      // torch.sub's alpha (a - alpha * b): the default only. PyTorch rounds a - alpha * b once
+      // (an FMA) on its vector path; a kernel for that is not worth it before a network needs it.
+      const double alpha = a.number("alpha", 1.0);
+      if (alpha != 1.0)
+        fail(ErrorCode::Unsupported, where,
+             "alpha=" + py_float(alpha) + " is not supported (only the default 1)");
+    }
+    a.finish();
   }
-  const char* name() const override { return "add"; }
+  const char* name() const override { return op_; }
   std::vector<PortSpec> input_ports() const override { return {{"a"}, {"b"}}; }
   std::vector<std::string> output_ports() const override { return {"out"}; }
   InferResult infer(const InputTypes& in, SymbolBindings&) const override {
     const ValueType& a = *in[0];
     const ValueType& b = *in[1];
-    require_float("a", a, "add", where());
-    require_float("b", b, "add", where());
+    require_float("a", a, op_, where());
+    require_float("b", b, op_, where());
     const size_t rank = std::max(a.shape.size(), b.shape.size());
     SymShape out(rank);
     for (size_t i = 0; i < rank; ++i) {
@@ -223,8 +291,76 @@ class AddOp : public Op {
   }
   std::unique_ptr<OpLayer> instantiate(const InputTypes&, std::optional<uint64_t>) const override {
     return function_layer(
+        [op = op_, w = where()](std::span<const Tensor* const> in, std::span<Tensor* const> out) {
+          binary_into(op, *in[0], *in[1], *out[0], w);
+        });
+  }
+
+ private:
+  const char* op_;
+};
+
+// torch.softmax(x, dim). One FLOP per element produced (the elementwise convention; the exp,
+// max, sum and scale are about 20 vector ops per vector).
+class SoftmaxOp : public Op {
+ public:
+  SoftmaxOp(const NetworkNode& node, const std::string& where) : Op(where) {
+    Args a(node.args, where, "softmax");
+    dim_ = a.integer("dim");
+    a.finish();
+  }
+  const char* name() const override { return "softmax"; }
+  std::vector<PortSpec> input_ports() const override { return {{"x"}}; }
+  std::vector<std::string> output_ports() const override { return {"out"}; }
+  InferResult infer(const InputTypes& in, SymbolBindings&) const override {
+    require_float("x", *in[0], "softmax", where());
+    // A 0-d input takes dim -1 or 0, as PyTorch.
+    wrap_dim(dim_, std::max<int64_t>(static_cast<int64_t>(in[0]->shape.size()), 1), where(),
+             "input");
+    return {{{in[0]->shape, DType::F32}}, {}};
+  }
+  OpCost cost(const InputTypes& in) const override { return {elements(in[0]->shape), 0.0}; }
+  std::unique_ptr<OpLayer> instantiate(const InputTypes&, std::optional<uint64_t>) const override {
+    return function_layer(
+        [dim = dim_, w = where()](std::span<const Tensor* const> in, std::span<Tensor* const> out) {
+          softmax_into(*in[0], dim, *out[0], w);
+        });
+  }
+
+ private:
+  int64_t dim_;
+};
+
+// torch.nn.functional.dropout in eval mode: the identity (out is a copy of x). tessera never
+// trains, so training=true is E_UNSUPPORTED rather than silently not dropping. No FLOPs (data
+// movement).
+class DropoutOp : public Op {
+ public:
+  DropoutOp(const NetworkNode& node, const std::string& where) : Op(where) {
+    Args a(node.args, where, "dropout");
+    const double p = a.number("p", 0.5);
+    a.boolean("inplace", false);  // no effect on a copy into the plan's buffer
+    const bool training = a.boolean("training", false);
+    a.finish();
+    if (!(p >= 0.0 && p <= 1.0))
+      fail(ErrorCode::Constraint, where, "p=" + py_float(p) + " must be in [0, 1]");
+    if (training)
+      fail(ErrorCode::Unsupported, where,
+           "training=true is not supported: tessera runs in eval mode, where dropout is the "
+           "identity");
+  }
+  const char* name() const override { return "dropout"; }
+  std::vector<PortSpec> input_ports() const override { return {{"x"}}; }
+  std::vector<std::string> output_ports() const override { return {"out"}; }
+  InferResult infer(const InputTypes& in, SymbolBindings&) const override {
+    require_float("x", *in[0], "dropout", where());
+    return {{{in[0]->shape, DType::F32}}, {}};
+  }
+  OpCost cost(const InputTypes&) const override { return {}; }
+  std::unique_ptr<OpLayer> instantiate(const InputTypes&, std::optional<uint64_t>) const override {
+    return function_layer(
         [w = where()](std::span<const Tensor* const> in, std::span<Tensor* const> out) {
-          add_into(*in[0], *in[1], *out[0], w);
+          copy_into(*in[0], *out[0], w);
         });
   }
 };
@@ -237,8 +373,32 @@ std::unique_ptr<Op> make_gelu_op(const NetworkNode& node, const std::string& whe
 std::unique_ptr<Op> make_relu_op(const NetworkNode& node, const std::string& where) {
   return std::make_unique<UnaryMapOp>(node, where, "relu");
 }
+std::unique_ptr<Op> make_silu_op(const NetworkNode& node, const std::string& where) {
+  return std::make_unique<UnaryMapOp>(node, where, "silu");
+}
+std::unique_ptr<Op> make_sigmoid_op(const NetworkNode& node, const std::string& where) {
+  return std::make_unique<UnaryMapOp>(node, where, "sigmoid");
+}
+std::unique_ptr<Op> make_tanh_op(const NetworkNode& node, const std::string& where) {
+  return std::make_unique<UnaryMapOp>(node, where, "tanh");
+}
 std::unique_ptr<Op> make_add_op(const NetworkNode& node, const std::string& where) {
-  return std::make_unique<AddOp>(node, where);
+  return std::make_unique<BinaryOp>(node, where, "add");
+}
+std::unique_ptr<Op> make_sub_op(const NetworkNode& node, const std::string& where) {
+  return std::make_unique<BinaryOp>(node, where, "sub");
+}
+std::unique_ptr<Op> make_mul_op(const NetworkNode& node, const std::string& where) {
+  return std::make_unique<BinaryOp>(node, where, "mul");
+}
+std::unique_ptr<Op> make_div_op(const NetworkNode& node, const std::string& where) {
+  return std::make_unique<BinaryOp>(node, where, "div");
+}
+std::unique_ptr<Op> make_softmax_op(const NetworkNode& node, const std::string& where) {
+  return std::make_unique<SoftmaxOp>(node, where);
+}
+std::unique_ptr<Op> make_dropout_op(const NetworkNode& node, const std::string& where) {
+  return std::make_unique<DropoutOp>(node, where);
 }
 
 }  // namespace tessera

@@ -36,6 +36,15 @@ std::unique_ptr<Op> make_expand_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_conv2d_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_mean_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_adaptive_avg_pool2d_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_sub_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_mul_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_div_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_silu_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_tanh_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_sigmoid_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_softmax_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_dropout_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_matmul_op(const NetworkNode&, const std::string&);
 
 namespace {
 
@@ -72,6 +81,15 @@ constexpr OpEntry kOps[] = {
     {"conv2d", make_conv2d_op},                            // layers/conv.cpp
     {"mean", make_mean_op},                                // layers/conv.cpp
     {"adaptive_avg_pool2d", make_adaptive_avg_pool2d_op},  // layers/conv.cpp
+    {"sub", make_sub_op},                                  // layers/elementwise.cpp
+    {"mul", make_mul_op},                                  // layers/elementwise.cpp
+    {"div", make_div_op},                                  // layers/elementwise.cpp
+    {"silu", make_silu_op},                                // layers/elementwise.cpp
+    {"tanh", make_tanh_op},                                // layers/elementwise.cpp
+    {"sigmoid", make_sigmoid_op},                          // layers/elementwise.cpp
+    {"softmax", make_softmax_op},                          // layers/elementwise.cpp
+    {"dropout", make_dropout_op},                          // layers/elementwise.cpp
+    {"matmul", make_matmul_op},                            // layers/matmul.cpp
 };
 
 }  // namespace

@@ -445,6 +445,31 @@ ojson gpt_network(Config& c) {
 
 }  // namespace
 
+std::string recipe_text(const ojson& network) {
+  std::string s = "{\n";
+  bool first_key = true;
+  for (const auto& [key, value] : network.items()) {
+    s += first_key ? " " : ",\n ";
+    first_key = false;
+    s += ojson(key).dump() + ": ";
+    if (!value.is_structured() || value.empty()) {
+      s += value.dump();
+      continue;
+    }
+    const bool array = value.is_array();
+    s += array ? "[\n" : "{\n";
+    bool first = true;
+    for (const auto& [k, v] : value.items()) {
+      s += first ? "  " : ",\n  ";
+      first = false;
+      if (!array) s += ojson(k).dump() + ": ";
+      s += v.dump();
+    }
+    s += array ? "\n ]" : "\n }";
+  }
+  return s + "\n}\n";
+}
+
 const std::vector<std::string>& recipe_names() {
   static const std::vector<std::string> names = {
       "vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14", "vision_transformer",

@@ -29,4 +29,8 @@ const std::vector<std::string>& recipe_names();
 nlohmann::ordered_json make_recipe(const std::string& arch,
                                    const std::vector<RecipeSetting>& settings);
 
+// The network file's text as `tessera recipe` writes it: one line per input, node and output, so
+// a diff of two recipes reads node by node.
+std::string recipe_text(const nlohmann::ordered_json& network);
+
 }  // namespace tessera

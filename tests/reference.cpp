@@ -100,7 +100,7 @@ std::vector<double> layer_norm(const std::vector<double>& x, int64_t rows, int64
                                double eps) {
   std::vector<double> y(x.size());
   for (int64_t r = 0; r < rows; ++r) {
-    const double* row = &x[r * D];
+    const double* row = x.data() + r * D;
     double mean = 0, var = 0;
     for (int64_t j = 0; j < D; ++j) mean += row[j];
     mean /= static_cast<double>(D);
@@ -209,6 +209,12 @@ Shape broadcast_shape(const Shape& a, const Shape& b) {
 
 std::vector<double> add(const std::vector<double>& a, const Shape& sa, const std::vector<double>& b,
                         const Shape& sb) {
+  return binary(a, sa, b, sb, [](double x, double y) { return x + y; });
+}
+
+std::vector<double> binary(const std::vector<double>& a, const Shape& sa,
+                           const std::vector<double>& b, const Shape& sb,
+                           double (*op)(double, double)) {
   const Shape so = broadcast_shape(sa, sb);
   std::vector<double> y(static_cast<size_t>(shape_numel(so)));
   // Each output index read from a and b with their size-1 dims pinned to 0.
@@ -221,10 +227,73 @@ std::vector<double> add(const std::vector<double>& a, const Shape& sa, const std
   };
   for (int64_t f = 0; f < shape_numel(so); ++f) {
     const std::vector<int64_t> idx = unravel(f, so);
-    y[static_cast<size_t>(f)] = read(idx, sa, a) + read(idx, sb, b);
+    y[static_cast<size_t>(f)] = op(read(idx, sa, a), read(idx, sb, b));
   }
   return y;
 }
+
+std::vector<double> softmax(const std::vector<double>& x, const Shape& s, int64_t dim) {
+  if (s.empty()) {  // one element: weight 1 (NaN for -inf, +inf or NaN, as x - max is NaN)
+    BOOST_REQUIRE(dim == 0 || dim == -1);
+    return {std::isfinite(x[0]) ? 1.0 : std::nan("")};
+  }
+  const auto rank = static_cast<int64_t>(s.size());
+  BOOST_REQUIRE(dim >= -rank && dim < rank);
+  const auto d = static_cast<size_t>(dim < 0 ? dim + rank : dim);
+  const int64_t step = strides_of(s)[d], len = s[d];
+  std::vector<double> y(x.size());
+  for (int64_t f = 0; f < static_cast<int64_t>(x.size()); ++f) {
+    if (unravel(f, s)[d] != 0) continue;  // f starts a slice along d
+    double mx = -kInf;
+    for (int64_t i = 0; i < len; ++i) mx = std::max(mx, x[static_cast<size_t>(f + i * step)]);
+    double sum = 0.0;
+    for (int64_t i = 0; i < len; ++i) sum += std::exp(x[static_cast<size_t>(f + i * step)] - mx);
+    for (int64_t i = 0; i < len; ++i) {
+      const auto at = static_cast<size_t>(f + i * step);
+      y[at] = mx == -kInf ? std::nan("") : std::exp(x[at] - mx) / sum;
+    }
+  }
+  return y;
+}
+
+std::pair<Shape, std::vector<double>> matmul(const std::vector<double>& a, const Shape& sa,
+                                             const std::vector<double>& b, const Shape& sb) {
+  BOOST_REQUIRE(!sa.empty() && !sb.empty());
+  // Promote to matrices, then remember which added dims to drop.
+  const Shape ma = sa.size() == 1 ? Shape{1, sa[0]} : sa;
+  const Shape mb = sb.size() == 1 ? Shape{sb[0], 1} : sb;
+  const int64_t M = ma[ma.size() - 2], K = ma.back(), N = mb.back();
+  BOOST_REQUIRE(mb[mb.size() - 2] == K);
+  const Shape batch_a(ma.begin(), ma.end() - 2), batch_b(mb.begin(), mb.end() - 2);
+  const Shape batch = broadcast_shape(batch_a, batch_b);
+  Shape full = batch;
+  full.push_back(M);
+  full.push_back(N);
+  std::vector<double> y(static_cast<size_t>(shape_numel(full)), 0.0);
+  // Element (batch idx, i, j) = sum_p a[idx', i, p] b[idx'', p, j], idx' and idx'' the batch
+  // index with each operand's size-1 (or missing) dims pinned to 0.
+  auto offset = [&](const std::vector<int64_t>& idx, const Shape& s) {
+    const std::vector<int64_t> st = strides_of(s);
+    int64_t off = 0;
+    const size_t skip = batch.size() + 2 - s.size();
+    for (size_t k = 0; k + 2 < s.size(); ++k) off += (s[k] == 1 ? 0 : idx[k + skip]) * st[k];
+    return off;
+  };
+  for (int64_t f = 0; f < static_cast<int64_t>(y.size()); ++f) {
+    const std::vector<int64_t> idx = unravel(f, full);
+    const int64_t i = idx[idx.size() - 2], j = idx.back();
+    const int64_t oa = offset(idx, ma), ob = offset(idx, mb);
+    double acc = 0.0;
+    for (int64_t p = 0; p < K; ++p)
+      acc += a[static_cast<size_t>(oa + i * K + p)] * b[static_cast<size_t>(ob + p * N + j)];
+    y[static_cast<size_t>(f)] = acc;
+  }
+  Shape out = batch;
+  if (sa.size() > 1) out.push_back(M);
+  if (sb.size() > 1) out.push_back(N);
+  return {out, y};
+}
+
 
 namespace {
 
@@ -446,8 +515,8 @@ std::vector<double> attention(const AttentionOptions& o,
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t at = b * T * D + h * hd;
-      attention_head(T, T, hd, hd, scale, &q[at], D, &k[at], D, &v[at], D, &mask[h * T * T],
-                     nullptr, &attn[at], D);
+      attention_head(T, T, hd, hd, scale, q.data() + at, D, k.data() + at, D, v.data() + at, D,
+                     mask.data() + h * T * T, nullptr, attn.data() + at, D);
     }
   return linear(attn, B * T, D, weight("o_proj.weight"), D, bias("o_proj.bias", out_bias));
 }
@@ -503,11 +572,13 @@ MhaReference multihead_attention(const MultiheadAttentionOptions& o,
   std::vector<double> k(static_cast<size_t>(N * Sp * E), 0.0), v(k.size(), 0.0);
   const std::vector<double> bias_k = param(params, "bias_k"), bias_v = param(params, "bias_v");
   for (int64_t n = 0; n < N; ++n) {
-    std::copy_n(&k_real[n * S * E], S * E, &k[n * Sp * E]);
-    std::copy_n(&v_real[n * S * E], S * E, &v[n * Sp * E]);
+    // Pointer arithmetic, not &v[i]: with S = 0 (or N = 0) the vectors are empty, and
+    // operator[] on an empty vector is undefined (UBSan).
+    std::copy_n(k_real.data() + n * S * E, S * E, k.data() + n * Sp * E);
+    std::copy_n(v_real.data() + n * S * E, S * E, v.data() + n * Sp * E);
     if (o.add_bias_kv) {
-      std::copy(bias_k.begin(), bias_k.end(), &k[(n * Sp + S) * E]);
-      std::copy(bias_v.begin(), bias_v.end(), &v[(n * Sp + S) * E]);
+      std::copy(bias_k.begin(), bias_k.end(), k.data() + (n * Sp + S) * E);
+      std::copy(bias_v.begin(), bias_v.end(), v.data() + (n * Sp + S) * E);
     }
   }
 
@@ -547,9 +618,9 @@ MhaReference multihead_attention(const MultiheadAttentionOptions& o,
   for (int64_t n = 0; n < N; ++n)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t nh = (n * H + h) * L * Sp;
-      attention_head(L, Sp, D, D, scale, &q[n * L * E + h * D], E, &k[n * Sp * E + h * D], E,
-                     &v[n * Sp * E + h * D], E, &mask[nh], &r.weights[nh], &attn[n * L * E + h * D],
-                     E);
+      attention_head(L, Sp, D, D, scale, q.data() + n * L * E + h * D, E,
+                     k.data() + n * Sp * E + h * D, E, v.data() + n * Sp * E + h * D, E,
+                     mask.data() + nh, r.weights.data() + nh, attn.data() + n * L * E + h * D, E);
     }
   const std::vector<double> out =
       linear(attn, N * L, E, param(params, "out_proj.weight"), E, param(params, "out_proj.bias"));

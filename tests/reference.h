@@ -53,6 +53,20 @@ Shape broadcast_shape(const Shape& a, const Shape& b);
 // a + b broadcast to broadcast_shape(sa, sb).
 std::vector<double> add(const std::vector<double>& a, const Shape& sa, const std::vector<double>& b,
                         const Shape& sb);
+// op(a, b) elementwise, broadcast to broadcast_shape(sa, sb).
+std::vector<double> binary(const std::vector<double>& a, const Shape& sa,
+                           const std::vector<double>& b, const Shape& sb,
+                           double (*op)(double, double));
+
+// torch.softmax(x, dim) of x of shape s (dim may be negative; a 0-d x is one element): exp(x -
+// max) / sum along dim; a slice of all -inf gives NaN, as PyTorch.
+std::vector<double> softmax(const std::vector<double>& x, const Shape& s, int64_t dim);
+
+// torch.matmul(a, b), the documented rules: 1-D x 1-D is a dot product (shape []); a 1-D a is
+// [1, k] and a 1-D b [k, 1], the added dim removed after; the dims before the last two
+// broadcast. Returns the output shape and values (BOOST_REQUIRE on shapes that do not fit).
+std::pair<Shape, std::vector<double>> matmul(const std::vector<double>& a, const Shape& sa,
+                                             const std::vector<double>& b, const Shape& sb);
 
 // The layout ops (permute ... expand), each on x row-major of shape s, from PyTorch's definition
 // of which input element each output element is. Dims are given non-negative.

@@ -340,6 +340,29 @@ std::vector<PlanCase> plan_cases() {
          {"name": "m", "op": "mean", "args": {"dim": [-1, -2]}, "inputs": {"x": "a"}}],
          "outputs": {"y": "m"}})",
        {{"x", randn({4, 3, 64, 64}, 15)}}},
+      {"matmul+softmax+silu+tanh+sigmoid+mul+sub+div+dropout", R"({"inputs": {"x": [4, 33, 40],
+         "w": [40, 24], "z": [24]}, "nodes": [
+         {"name": "m", "op": "matmul", "inputs": {"a": "x", "b": "w"}},
+         {"name": "s", "op": "softmax", "args": {"dim": -1}, "inputs": {"x": "m"}},
+         {"name": "s0", "op": "softmax", "args": {"dim": 1}, "inputs": {"x": "m"}},
+         {"name": "a", "op": "silu", "inputs": {"x": "s"}},
+         {"name": "t", "op": "tanh", "inputs": {"x": "s0"}},
+         {"name": "g", "op": "sigmoid", "inputs": {"x": "m"}},
+         {"name": "u", "op": "mul", "inputs": {"a": "a", "b": "t"}},
+         {"name": "v", "op": "sub", "inputs": {"a": "u", "b": "g"}},
+         {"name": "q", "op": "div", "inputs": {"a": "v", "b": "z"}},
+         {"name": "d", "op": "dropout", "args": {"p": 0.1}, "inputs": {"x": "q"}}],
+         "outputs": {"y": "d"}})",
+       {{"x", randn({4, 33, 40}, 15)}, {"w", randn({40, 24}, 16)}, {"z", randn({24}, 17)}}},
+      {"matmul batched and blocked", R"({"inputs": {"a": [2, 1, 40, 40], "b": [3, 40, 40],
+         "c": [300, 130], "d": [130, 600]}, "nodes": [
+         {"name": "p", "op": "matmul", "inputs": {"a": "a", "b": "b"}},
+         {"name": "q", "op": "matmul", "inputs": {"a": "c", "b": "d"}}],
+         "outputs": {"p": "p", "q": "q"}})",
+       {{"a", randn({2, 1, 40, 40}, 18)},
+        {"b", randn({3, 40, 40}, 19)},
+        {"c", randn({300, 130}, 20)},
+        {"d", randn({130, 600}, 21)}}},
   };
 }
 

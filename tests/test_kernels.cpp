@@ -16,6 +16,12 @@
 //   gemm           |c - ref| <= 2 k eps sum_p |alpha a_ip b_pj| + eps |beta c_ij| + 1e-30
 //                  (the classical dot-product bound, eps = 2^-24, times 2).
 //   add, bias      bit-exact (one IEEE add).
+//   binary maps    bit-exact against the float operation (add, sub, mul, div), stretched or not.
+//   silu, tanh,    ulps against float64 over every 1024th float of [-120, 120]: sigmoid <= 3,
+//   sigmoid        silu <= 4, tanh <= 4 (Highway's documented bound); results below the normal
+//                  range may flush to 0.
+//   softmax down   |y - ref| <= 1e-6, as the row kernel; all -inf columns NaN.
+//   columns
 //   conversions    bit-exact against core/dtype.h's scalar functions: all 65536 f16 and bf16
 //                  patterns to f32, and 818k floats to f16/bf16 (every f16/bf16 value, the ties
 //                  between neighbours and one float ulp either side, random bit patterns,
@@ -439,6 +445,182 @@ BOOST_AUTO_TEST_CASE(add_and_bias_are_exact) {
   });
 }
 
+// ---------------------------------------------------------------------------------------------
+// The broadcasting binary maps: every step combination (0 stretches one value), every length,
+// bit for bit against the float operation, nothing written past the end, y aliasing an operand.
+BOOST_AUTO_TEST_CASE(binary_maps_are_exact) {
+  struct Map {
+    const char* name;
+    float (*op)(float, float);
+  };
+  const Map maps[] = {{"add", [](float a, float b) { return a + b; }},
+                      {"sub", [](float a, float b) { return a - b; }},
+                      {"mul", [](float a, float b) { return a * b; }},
+                      {"div", [](float a, float b) { return a / b; }}};
+  for_each_target("binary maps", [&] {
+    Generator gen(37);
+    for (const Map& map : maps) {
+      const BinaryMapF32 fn = table().binary_map_f32(map.name);
+      BOOST_REQUIRE(fn != nullptr);
+      for (int64_t n : test_lengths()) {
+        std::vector<float> a = normal_vector(gen, n, 0, 1), b = normal_vector(gen, n, 0, 1e3);
+        a[0] = n % 3 == 0 ? kNaN : a[0];  // a NaN in the body or the tail now and then
+        if (n > 2) b[n - 1] = n % 2 ? 0.0f : -kInf;
+        for (const int64_t sa : {0, 1}) {
+          for (const int64_t sb : {0, 1}) {
+            std::vector<float> y(n + 1, kSentinel);
+            fn(n, a.data(), sa, b.data(), sb, y.data());
+            int64_t mismatches = 0;
+            for (int64_t i = 0; i < n; ++i) {
+              const float want = map.op(a[i * sa], b[i * sb]);
+              mismatches += std::isnan(want) ? !std::isnan(y[i]) : bits_of(y[i]) != bits_of(want);
+            }
+            BOOST_TEST(mismatches == 0, map.name << " n " << n << " steps " << sa << sb);
+            BOOST_TEST(y[n] == kSentinel);
+            if (sa == 1 && sb == 1) {
+              std::vector<float> in_a = a, in_b = b;  // y aliasing a, then b
+              fn(n, in_a.data(), 1, b.data(), 1, in_a.data());
+              fn(n, a.data(), 1, in_b.data(), 1, in_b.data());
+              BOOST_TEST(std::memcmp(in_a.data(), y.data(), n * sizeof(float)) == 0);
+              BOOST_TEST(std::memcmp(in_b.data(), y.data(), n * sizeof(float)) == 0);
+            }
+          }
+        }
+      }
+    }
+    // add's map is the add kernel, bit for bit.
+    const std::vector<float> a = normal_vector(gen, 100, 0, 1), b = normal_vector(gen, 100, 0, 1);
+    std::vector<float> y0(100), y1(100);
+    table().add_f32(100, a.data(), b.data(), y0.data());
+    table().binary_map_f32("add")(100, a.data(), 1, b.data(), 1, y1.data());
+    BOOST_TEST(std::memcmp(y0.data(), y1.data(), sizeof(float) * 100) == 0);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// silu, tanh and sigmoid against float64 in ulps of the float result, over every 1024th float of
+// [-120, 120] (about 2.1M values, both signs, down to 1e-37 in magnitude), reported per target.
+// Where x < -87 the exp inside flushes e^x to 0, so sigmoid(x) (< 1.7e-38) and silu(x)
+// (< 1.5e-36; PyTorch's own silu gives -0 there below -88.7) may be 0: such a result is checked
+// against that bound instead of in ulps.
+BOOST_AUTO_TEST_CASE(unary_maps_match_float64_to_a_few_ulp) {
+  struct Map {
+    const char* name;
+    double (*ref)(double);
+    double max_ulp;
+    double flush_below;  // |ref| under which a 0 is accepted
+  };
+  const Map maps[] = {
+      {"sigmoid", [](double x) { return 1.0 / (1.0 + std::exp(-x)); }, 3.0, 1.7e-38},
+      {"silu", [](double x) { return x / (1.0 + std::exp(-x)); }, 4.0, 1.5e-36},
+      {"tanh", [](double x) { return std::tanh(x); }, 4.0, 0.0}};
+  std::vector<float> x;
+  for (uint32_t bits = 0x02000000u; bits <= std::bit_cast<uint32_t>(120.0f); bits += 1024) {
+    x.push_back(std::bit_cast<float>(bits));
+    x.push_back(-std::bit_cast<float>(bits));
+  }
+  const auto n = static_cast<int64_t>(x.size());
+  for_each_target("silu/tanh/sigmoid", [&] {
+    for (const Map& map : maps) {
+      const UnaryMapF32 fn = table().unary_map_f32(map.name);
+      BOOST_REQUIRE(fn != nullptr);
+      std::vector<float> y(n + 1, kSentinel);
+      fn(n, x.data(), y.data());
+      double worst = 0.0;
+      float worst_at = 0.0f;
+      int64_t flushed = 0, bad_flush = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double ref = map.ref(x[i]);
+        if (std::abs(ref) < 0x1p-126 || (y[i] == 0.0f && std::abs(ref) < map.flush_below)) {
+          ++flushed;
+          bad_flush += !(std::abs(y[i] - ref) < std::max(map.flush_below, 0x1p-126));
+          continue;
+        }
+        // One ulp of the float nearest ref: 2^(exponent - 23).
+        int e = 0;
+        std::frexp(static_cast<float>(ref), &e);
+        const double ulp = std::ldexp(1.0, e - 24);
+        const double err = std::isnan(y[i]) ? kInf : std::abs(y[i] - ref) / ulp;
+        if (err > worst) {
+          worst = err;
+          worst_at = x[i];
+        }
+      }
+      BOOST_TEST(worst <= map.max_ulp, map.name << " " << worst << " ulp at x = " << worst_at);
+      BOOST_TEST(bad_flush == 0);
+      BOOST_TEST(y[n] == kSentinel);
+      BOOST_TEST_MESSAGE("  " << map.name << ": max " << worst << " ulp (at " << worst_at
+                              << ") over " << n << " values, " << flushed << " flushed or tiny");
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax down columns: rows x cols blocks at row strides larger than the row (sentinels in the
+// gaps), -inf entries (weight exactly 0), all -inf columns (NaN, as torch.softmax), large
+// offsets, a long column (the compensated sum), in place.
+BOOST_AUTO_TEST_CASE(softmax_columns_match_float64) {
+  for_each_target("softmax columns", [] {
+    Generator gen(43);
+    for (const int64_t rows : {1, 2, 3, 7, 600}) {
+      for (const int64_t cols : test_lengths()) {
+        if (rows * cols > 700000) continue;
+        for (const bool in_place : {false, true}) {
+          const int64_t x_stride = cols + 5, y_stride = in_place ? x_stride : cols + 3;
+          std::vector<float> x(rows * x_stride, kSentinel);
+          const double mean = cols % 5 == 0 ? 50.0 : 0.0;
+          for (int64_t i = 0; i < rows; ++i)
+            for (int64_t j = 0; j < cols; ++j) {
+              float v = static_cast<float>(mean + 2.0 * gen.normal());
+              if (i > 0 && gen.uniform() < 0.2) v = -kInf;
+              if (j == 1 && rows > 1) v = -kInf;  // column 1 all -inf: NaN
+              x[i * x_stride + j] = v;
+            }
+          const std::vector<float> x_before = x;
+          std::vector<float> y_own(rows * y_stride, kSentinel);
+          float* y = in_place ? x.data() : y_own.data();
+          table().softmax_columns_f32(rows, cols, x.data(), x_stride, y, y_stride);
+          double worst = 0.0;
+          int64_t nan_violations = 0, zero_violations = 0, sentinel_violations = 0;
+          for (int64_t j = 0; j < cols; ++j) {
+            double m = -kInf, sum = 0.0;
+            for (int64_t i = 0; i < rows; ++i) m = std::max<double>(m, x_before[i * x_stride + j]);
+            for (int64_t i = 0; i < rows; ++i) sum += std::exp(x_before[i * x_stride + j] - m);
+            for (int64_t i = 0; i < rows; ++i) {
+              const float got = y[i * y_stride + j];
+              if (m == -kInf) {
+                nan_violations += !std::isnan(got);
+                continue;
+              }
+              const double ref = std::exp(x_before[i * x_stride + j] - m) / sum;
+              if (x_before[i * x_stride + j] == -kInf) zero_violations += got != 0.0f;
+              worst = std::max(worst, std::isnan(got) ? kInf : std::abs(got - ref));
+            }
+          }
+          for (int64_t i = 0; i + 1 < rows; ++i)
+            for (int64_t j = cols; j < y_stride; ++j)
+              sentinel_violations += y[i * y_stride + j] != kSentinel;
+          BOOST_TEST_CONTEXT("rows " << rows << " cols " << cols << " in_place " << in_place) {
+            BOOST_TEST(worst <= 1e-6);
+            BOOST_TEST(nan_violations == 0);
+            BOOST_TEST(zero_violations == 0);
+            BOOST_TEST(sentinel_violations == 0);
+          }
+        }
+      }
+    }
+    // One dominant weight and 100000 small ones: a plain float sum would drift by ~1e-3.
+    const int64_t rows = 100001;
+    std::vector<float> x(rows * 2, -17.0f);
+    x[0] = x[1] = 0.0f;
+    std::vector<float> y(rows * 2);
+    table().softmax_columns_f32(rows, 2, x.data(), 2, y.data(), 2);
+    const double small = std::exp(-17.0), sum = 1.0 + 100000 * small;
+    BOOST_TEST(std::abs(y[0] - 1.0 / sum) <= 1e-6 / sum, "weight " << y[0] << " vs " << 1.0 / sum);
+    BOOST_TEST(std::abs(y[3] - small / sum) <= 1e-6 * small / sum);
+  });
+}
+
 // Tails go through a stack copy so that no kernel reads or writes past its last element: every
 // buffer here ends at an inaccessible page (a stray access faults the test case). Values are
 // checked by the tests above; this one is about bounds.
@@ -461,6 +643,14 @@ BOOST_AUTO_TEST_CASE(row_kernels_stay_within_their_buffers) {
       table().gelu_f32(n, x.data(), y.data(), true);
       table().add_f32(n, x.data(), other.data(), y.data());
       table().add_bias_rows_f32(1, n, y.data(), n, other.data());
+      for (const char* map : {"add", "sub", "mul", "div"}) {
+        table().binary_map_f32(map)(n, x.data(), 1, other.data(), 1, y.data());
+        table().binary_map_f32(map)(n, x.data(), 0, other.data(), 1, y.data());
+        table().binary_map_f32(map)(n, x.data(), 1, other.data(), 0, y.data());
+      }
+      for (const char* map : {"relu", "silu", "tanh", "sigmoid"})
+        table().unary_map_f32(map)(n, x.data(), y.data());
+      table().softmax_columns_f32(1, n, x.data(), n, y.data(), n);
       // One position, one head of 2n dims: the second half ends at the guard page; cos/sin have n.
       Guarded<float> head(2 * n);
       std::copy_n(x.data(), n, head.data());

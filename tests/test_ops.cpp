@@ -31,8 +31,17 @@
 //   the layout ops  tests/reference.cpp, or the expected shape written out by hand for the
 //                  ops that keep the element order: reshape, flatten, squeeze, unsqueeze).
 //   add            1e-7: one float add, rounded once (<= 2^-24 = 6e-8 relative).
+//   chunk, concat  0: they copy floats.
+//   add, sub, mul, 1e-7: one float operation, rounded once (<= 2^-24 = 6e-8 relative).
+//   div
 //   gelu           2e-6: the float32 erf/tanh polynomial approximations (a few ulp), as the
 //                  network suite measures them.
+//   silu, tanh,    2e-6: exp or expm1, an add and a divide: at most 3 ulp (test_kernels.cpp
+//   sigmoid        measures 2.1-3.0), 2e-6 as gelu.
+//   softmax        1e-6: weights <= 1; exp ~1 ulp, a float sum (blocked or compensated), one
+//                  reciprocal and a multiply, as the kernel suite's bound.
+//   dropout        0: eval mode copies.
+//   matmul         1e-5: float32 dot products through the GEMM, as linear (k <= 520 here).
 //   layer_norm     1e-5: float32 mean and variance over <= 260 elements (~sqrt(D) ulp).
 //   linear         1e-5: float32 dot products of <= 200 terms (~sqrt(k) ulp of sum |x w|).
 //   attention,     1e-5: mha_semantics.md's float32 tolerance; float32 projections (as linear)
@@ -43,6 +52,9 @@
 //   adaptive_avg_pool2d  the worst cases use about 0.4 of it, as add does 0.6).
 // The worst case of each op uses well under a tenth of its tolerance (add: about 0.6). Run with
 // --log_level=message for the targets, that margin per op and target, and the workspace use.
+// The worst case of each op uses well under a tenth of its tolerance (add, sub, mul, div: about
+// 0.5-0.6, the half ulp of one rounding). Run with --log_level=message for the targets, that
+// margin per op and target, and the workspace use.
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
@@ -430,6 +442,264 @@ std::vector<OpCase> add_cases() {
   add({2, 8, 1}, {2, 1, 8});
   add_inputs(OpInput("a", {4, 8}).transposed(), OpInput("b", {4, 8}).as(DType::F64));
   add_inputs(OpInput("a", {3, 9}).as(DType::F16), OpInput("b", {9}));
+  return cases;
+}
+
+// The broadcast shapes add is checked on, for every binary op.
+const std::vector<std::pair<Shape, Shape>>& broadcast_pairs() {
+  static const std::vector<std::pair<Shape, Shape>> pairs = [] {
+    std::vector<std::pair<Shape, Shape>> p;
+    for (const int64_t n : kTails) p.push_back({{3, n}, {3, n}});
+    p.insert(p.end(), {{{2, 1, 5}, {3, 1}},
+                       {{2, 1, 9}, {3, 1}},
+                       {{17}, {2, 3, 17}},
+                       {{1}, {2, 16}},
+                       {{2, 33}, {1}},
+                       {{5, 1}, {1, 33}},
+                       {{}, {7}},
+                       {{2, 3, 1}, {2, 3, 1}},
+                       {{4, 1, 15}, {4, 5, 15}},
+                       {{2, 8, 1}, {2, 1, 8}},
+                       {{1000}, {1000}},
+                       {{2, 0, 3}, {3}}});
+    return p;
+  }();
+  return pairs;
+}
+
+// sub, mul, div: add's shapes and stored forms, the reference op applied in float64. One IEEE
+// operation rounded once: <= 2^-24 relative, as add.
+std::vector<OpCase> binary_cases(double (*op)(double, double),
+                                 const ojson& args = ojson::object()) {
+  std::vector<OpCase> cases;
+  auto add_inputs = [&](const OpInput& a, const OpInput& b) {
+    OpCase c;
+    c.args = args;
+    c.inputs = {a, b};
+    c.tolerance = 1e-7;
+    c.reference = [op](const Inputs& in, const Params&) {
+      const Tensor &x = input(in, "a"), &y = input(in, "b");
+      return std::vector<Expected>{
+          {f64::broadcast_shape(x.shape(), y.shape()),
+           f64::binary(x.to_double_vector(), x.shape(), y.to_double_vector(), y.shape(), op)}};
+    };
+    cases.push_back(c);
+  };
+  for (const auto& [a, b] : broadcast_pairs()) add_inputs({"a", a}, {"b", b});
+  add_inputs(OpInput("a", {4, 8}).transposed(), OpInput("b", {4, 8}).as(DType::F64));
+  add_inputs(OpInput("a", {3, 9}).as(DType::F16), OpInput("b", {9}));
+  add_inputs(OpInput("a", {2, 17}, Fill::wide), OpInput("b", {2, 1}, Fill::offset));
+  return cases;
+}
+
+std::vector<OpCase> sub_cases() {
+  std::vector<OpCase> cases = binary_cases([](double a, double b) { return a - b; });
+  // torch.sub's alpha at its default, written out.
+  const std::vector<OpCase> alpha =
+      binary_cases([](double a, double b) { return a - b; }, ojson{{"alpha", 1.0}});
+  cases.push_back(alpha[2]);
+  cases.push_back(alpha[10]);
+  return cases;
+}
+std::vector<OpCase> mul_cases() {
+  return binary_cases([](double a, double b) { return a * b; });
+}
+std::vector<OpCase> div_cases() {
+  return binary_cases([](double a, double b) { return a / b; });
+}
+
+// Large |x|, where the exp-based maps saturate: tanh and sigmoid reach +-1 and 0/1 (never NaN,
+// no exp overflow), silu reaches x and 0. Bounded magnitudes (|x| <= 100) so the scaled
+// tolerance still means something; 41 values, a vector body and a tail on every target.
+Tensor large_magnitudes() {
+  std::vector<float> v = {-100.0f, 100.0f, -88.8f, 88.8f,  -88.0f, 88.0f,  -87.5f,  87.5f,  -50.0f,
+                          50.0f,   -20.0f, 20.0f,  -18.8f, 18.8f,  -18.6f, 18.6f,   -10.0f, 10.0f,
+                          -9.0f,   9.0f,   -5.0f,  5.0f,   -1e-3f, 1e-3f,  -1e-20f, 1e-20f, 0.0f,
+                          -0.0f,   -0.35f, 0.35f,  -0.34f, 0.34f,  -95.0f, 95.0f,   -60.0f, 60.0f,
+                          -44.0f,  44.0f,  -0.5f,  0.5f,   3.0f};
+  return Tensor::from_vector(v, {static_cast<int64_t>(v.size())});
+}
+
+// silu, tanh, sigmoid: maps through exp (or expm1) and a divide, a few ulp of float32 each
+// (measured in test_kernels.cpp, unary_maps_match_float64_to_a_few_ulp); 2e-6 as gelu.
+std::vector<OpCase> exp_map_cases(double (*f)(double)) {
+  std::vector<OpCase> cases;
+  auto add = [&](const OpInput& x) {
+    OpCase c;
+    c.inputs = {x};
+    c.tolerance = 2e-6;
+    c.reference = [f](const Inputs& in, const Params&) {
+      const Tensor& x = input(in, "x");
+      std::vector<double> y = x.to_double_vector();
+      for (double& v : y) v = f(v);
+      return std::vector<Expected>{{x.shape(), y}};
+    };
+    cases.push_back(c);
+  };
+  for (const int64_t n : kTails) {
+    add(x_input({n}));
+    add(x_input({3, n}, Fill::wide));
+  }
+  add(x_input({2, 3, 33}, Fill::wide));
+  add(x_input({1000}));  // 62 AVX-512 vectors and a tail of 8
+  add(x_input({2, 0, 5}));
+  add(OpInput("x", large_magnitudes()));
+  add(x_input({2, 17}).as(DType::F16));
+  add(x_input({9, 4}).transposed());
+  return cases;
+}
+
+double silu_ref(double x) { return x / (1.0 + std::exp(-x)); }
+double tanh_ref(double x) { return std::tanh(x); }
+double sigmoid_ref(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+std::vector<OpCase> silu_cases() { return exp_map_cases(silu_ref); }
+std::vector<OpCase> tanh_cases() { return exp_map_cases(tanh_ref); }
+std::vector<OpCase> sigmoid_cases() { return exp_map_cases(sigmoid_ref); }
+
+// N(0, 1) values with about a quarter -inf, never at index 0 along `dim`, so that no slice
+// along dim is all -inf (that gives NaN, which test softmax_all_neg_inf_slices_are_nan checks);
+// the last slice has -inf everywhere but index 0 (weight exactly 1).
+Tensor with_neg_inf(const Shape& shape, int64_t dim, uint64_t seed) {
+  Generator gen(seed);
+  Tensor t = Tensor::randn(shape, gen);
+  const auto d = static_cast<size_t>(wrap(dim, shape.size()));
+  const int64_t n = shape_numel(shape);
+  const std::vector<int64_t> st = f64::strides_of(shape);
+  float* p = t.data<float>();
+  for (int64_t f = 0; f < n; ++f) {
+    const std::vector<int64_t> idx = f64::unravel(f, shape);
+    const int64_t last_slice = n / shape[d] - 1;
+    // The slice index of f: f with its dim-d index taken out.
+    const int64_t slice = (f / (st[d] * shape[d])) * st[d] + f % st[d];
+    if (idx[d] != 0 && (slice == last_slice || gen.uniform() < 0.25))
+      p[f] = -std::numeric_limits<float>::infinity();
+  }
+  return t;
+}
+
+// softmax: the exp is ~1 ulp, the sum float32 (blocked or compensated) and one reciprocal and
+// multiply per weight: weights <= 1 within 1e-6, as the kernel suite measures.
+std::vector<OpCase> softmax_cases() {
+  std::vector<OpCase> cases;
+  auto add = [&](const OpInput& x, int64_t dim) {
+    OpCase c;
+    c.args["dim"] = dim;
+    c.inputs = {x};
+    c.tolerance = 1e-6;
+    c.reference = [dim](const Inputs& in, const Params&) {
+      const Tensor& x = input(in, "x");
+      return std::vector<Expected>{{x.shape(), f64::softmax(x.to_double_vector(), x.shape(), dim)}};
+    };
+    cases.push_back(c);
+  };
+  for (const int64_t n : kTails) {
+    add(x_input({3, n}), -1);    // contiguous rows
+    add(x_input({5, n}), 0);     // down columns, n of them: the column kernel's tails
+    add(x_input({2, 4, n}), 1);  // an inner dim with outer batches
+  }
+  uint64_t seed = 50;
+  add(OpInput("x", with_neg_inf({4, 17}, -1, seed++)), -1);
+  add(OpInput("x", with_neg_inf({4, 17}, 1, seed++)), 1);
+  add(OpInput("x", with_neg_inf({9, 33}, 0, seed++)), 0);
+  add(OpInput("x", with_neg_inf({3, 7, 9}, 1, seed++)), -2);
+  add(OpInput("x", with_neg_inf({2, 5, 3, 16}, 0, seed++)), -4);
+  add(x_input({2, 3, 300}), 2);             // past several blocks of softmax_rows_f32's sum
+  add(x_input({600, 2}), 0);                // a long column: the compensated sum
+  add(x_input({2, 3, 520}), 1);             // 520 columns: 3 column tasks (256, 256, 8)
+  add(x_input({4, 33}, Fill::offset), -1);  // mean 30: the max subtracted
+  add(x_input({4, 33}, Fill::offset), 0);
+  add(x_input({3, 1, 5}), 1);  // a dim of 1: weight 1 (inner 5)
+  add(x_input({3, 5, 1}), 1);  // ... and an inner dim of 1: the row path
+  add(x_input({}), 0);         // 0-d: one weight of 1
+  add(x_input({}), -1);
+  add(x_input({2, 0, 4}), 1);  // empty
+  add(x_input({2, 0, 4}), -1);
+  add(x_input({2, 9}).as(DType::BF16), -1);
+  add(x_input({9, 4}).transposed(), 0);
+  return cases;
+}
+
+// dropout in eval mode: the identity, exact.
+std::vector<OpCase> dropout_cases() {
+  std::vector<OpCase> cases;
+  auto add = [&](const OpInput& x, const ojson& args) {
+    OpCase c;
+    c.args = args;
+    c.inputs = {x};
+    c.tolerance = 0.0;
+    c.reference = [](const Inputs& in, const Params&) {
+      const Tensor& x = input(in, "x");
+      return std::vector<Expected>{{x.shape(), x.to_double_vector()}};
+    };
+    cases.push_back(c);
+  };
+  for (const int64_t n : kTails) add(x_input({2, n}), ojson::object());
+  add(x_input({2, 3, 17}), {{"p", 0.1}});
+  add(x_input({4}), {{"p", 0.0}});
+  add(x_input({4}), {{"p", 1.0}});  // p = 1 is legal; in eval mode it changes nothing
+  add(x_input({3, 9}), {{"p", 0.5}, {"inplace", true}, {"training", false}});
+  add(x_input({}), ojson::object());
+  add(x_input({2, 0}), ojson::object());
+  add(x_input({3, 5}).transposed(), ojson::object());
+  add(x_input({40000}), ojson::object());  // several parallel chunks
+  return cases;
+}
+
+// matmul: float32 dot products through the backend's GEMM, as linear (~sqrt(k) ulp of
+// sum |a b|): 1e-5.
+std::vector<OpCase> matmul_cases() {
+  std::vector<OpCase> cases;
+  auto add_inputs = [&](const OpInput& a, const OpInput& b) {
+    OpCase c;
+    c.inputs = {a, b};
+    c.tolerance = 1e-5;
+    c.reference = [](const Inputs& in, const Params&) {
+      const Tensor &x = input(in, "a"), &y = input(in, "b");
+      auto [shape, values] =
+          f64::matmul(x.to_double_vector(), x.shape(), y.to_double_vector(), y.shape());
+      return std::vector<Expected>{{shape, values}};
+    };
+    cases.push_back(c);
+  };
+  auto add = [&](const Shape& a, const Shape& b) { add_inputs({"a", a}, {"b", b}); };
+  // 1-D x 1-D: a dot product, 0-d out.
+  add({7}, {7});
+  add({33}, {33});
+  add({1}, {1});
+  // A 1-D operand promoted and its dim removed, against 2-D and batched.
+  add({5}, {5, 9});
+  add({4, 17}, {17});
+  add({8}, {2, 8, 3});
+  add({2, 3, 16}, {16});
+  add({3, 1, 4, 6}, {6});
+  // 2-D, inner and outer dims across the tails.
+  for (size_t i = 0; i < std::size(kTails); ++i)
+    add({3, kTails[i]}, {kTails[i], kTails[(i + 3) % std::size(kTails)]});
+  // Batched, with and without broadcasting of the batch dims.
+  add({2, 3, 4}, {2, 4, 5});
+  add({2, 1, 4, 3}, {5, 3, 2});
+  add({3, 4}, {2, 4, 5});   // a broadcast over b's batch
+  add({2, 5, 7}, {7, 16});  // b shared: one GEMM over the folded rows
+  add({1, 5, 7}, {3, 7, 2});
+  add({4, 1, 9}, {1, 9, 8});
+  add({2, 2, 3, 8}, {2, 1, 8, 4});
+  // Empty dims: k = 0 gives zeros; m, n or a batch of 0 gives nothing.
+  add({3, 0}, {0, 4});
+  add({0}, {0});
+  add({0, 3}, {3, 4});
+  add({2, 3}, {3, 0});
+  add({0, 2, 3}, {3, 4});
+  // Blocked work: 300 rows of 600 columns (3 row tasks of up to 128 rows); 8 rows of 2048
+  // columns (2 column tasks); the fold over 3 batches (300 rows); k = 520, past OpenBLAS's
+  // K blocking.
+  add({300, 130}, {130, 600});
+  add({8, 200}, {200, 2048});
+  add({3, 100, 64}, {64, 300});
+  add({40, 520}, {520, 70});
+  add({4, 64, 64}, {4, 64, 64});  // attention-sized products, several per task
+  add_inputs(OpInput("a", {5, 9}).transposed(), OpInput("b", {9, 6}).as(DType::F16));
+  add_inputs(OpInput("a", {2, 4, 8}).as(DType::BF16), OpInput("b", {2, 8, 3}).transposed());
   return cases;
 }
 
@@ -1361,6 +1631,11 @@ const CaseList kCaseLists[] = {
     {"conv2d", conv2d_cases},  // layers/conv.cpp
     {"mean", mean_cases},
     {"adaptive_avg_pool2d", adaptive_avg_pool2d_cases},
+    {"relu", relu_cases},           {"sub", sub_cases},
+    {"mul", mul_cases},             {"div", div_cases},
+    {"silu", silu_cases},           {"tanh", tanh_cases},
+    {"sigmoid", sigmoid_cases},     {"softmax", softmax_cases},
+    {"dropout", dropout_cases},     {"matmul", matmul_cases},
 };
 
 // ---------------------------------------------------------------- the harness
@@ -1983,6 +2258,8 @@ BOOST_AUTO_TEST_CASE(layout_op_errors) {
   // Every layout op takes floats only.
   expect_error(ErrorCode::DType, "x has dtype bool; flatten needs a float input",
                [] { layout_out("flatten", ojson::object(), {n(2)}, {}, DType::Bool); });
+}
+
 // Every GEMM path gives the same bits on one thread and on two: the work splits by shape only.
 BOOST_AUTO_TEST_CASE(conv2d_results_do_not_depend_on_threads) {
   struct Geometry {
@@ -2174,6 +2451,185 @@ BOOST_AUTO_TEST_CASE(conv2d_mean_pool_reject_bad_args_and_shapes) {
                pool("[1, 1, 2, 4, 4]", R"({"output_size": 2})"));
   expect_error(ErrorCode::Shape, "x [2, 0, 4] has an empty dim 1",
                pool("[2, 0, 4]", R"({"output_size": 2})"));
+}
+
+// silu, tanh and sigmoid at the special values, on every target, as PyTorch gives them:
+// infinities saturate (silu(-inf) is NaN, as PyTorch's -inf / inf), NaN stays NaN, the sign of
+// zero is kept, and no large |x| overflows an exp into NaN.
+BOOST_AUTO_TEST_CASE(exp_maps_special_values) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = kNaN,
+              big = std::numeric_limits<float>::max();
+  struct Special {
+    float x, silu, tanh, sigmoid;
+  };
+  // A want of 0 for a tiny result: |got| <= 1e-37 (PyTorch may give a subnormal).
+  const Special specials[] = {
+      {-inf, nan, -1.0f, 0.0f},       {inf, inf, 1.0f, 1.0f},
+      {nan, nan, nan, nan},           {-0.0f, -0.0f, -0.0f, 0.5f},
+      {0.0f, 0.0f, 0.0f, 0.5f},       {-100.0f, -0.0f, -1.0f, 0.0f},
+      {100.0f, 100.0f, 1.0f, 1.0f},   {-1e30f, -0.0f, -1.0f, 0.0f},
+      {1e30f, 1e30f, 1.0f, 1.0f},     {-big, -0.0f, -1.0f, 0.0f},
+      {big, big, 1.0f, 1.0f},         {-89.0f, -0.0f, -1.0f, 0.0f},
+      {1e-30f, 5e-31f, 1e-30f, 0.5f}, {-1e-30f, -5e-31f, -1e-30f, 0.5f},
+  };
+  std::vector<float> values;
+  for (int copy = 0; copy < 3; ++copy)  // 42 values: vector bodies and a tail
+    for (const Special& sp : specials) values.push_back(sp.x);
+  const Tensor x = Tensor::from_vector(values, {static_cast<int64_t>(values.size())});
+  auto check = [](float got, float want, const char* map, float v, int64_t target) {
+    bool ok;
+    if (std::isnan(want)) {
+      ok = std::isnan(got);
+    } else if (want == 0.0f) {
+      ok = std::abs(got) <= 1e-37f && std::signbit(got) == std::signbit(want);
+    } else if (std::isinf(want)) {
+      ok = got == want;
+    } else {
+      ok = std::abs(got - want) <= 2e-6f * std::abs(want);
+    }
+    BOOST_TEST(ok, hwy::TargetName(target)
+                       << " " << map << "(" << v << ") = " << got << ", expected " << want);
+  };
+  TargetReset reset;
+  for (const int64_t target : compiled_targets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    Tensor y_silu = Tensor::empty(x.shape()), y_tanh = Tensor::empty(x.shape()),
+           y_sigmoid = Tensor::empty(x.shape());
+    unary_map_into("silu", x, y_silu, "test");
+    unary_map_into("tanh", x, y_tanh, "test");
+    unary_map_into("sigmoid", x, y_sigmoid, "test");
+    for (size_t i = 0; i < values.size(); ++i) {
+      const Special& sp = specials[i % std::size(specials)];
+      check(y_silu.data<float>()[i], sp.silu, "silu", sp.x, target);
+      check(y_tanh.data<float>()[i], sp.tanh, "tanh", sp.x, target);
+      check(y_sigmoid.data<float>()[i], sp.sigmoid, "sigmoid", sp.x, target);
+    }
+  }
+}
+
+// torch.softmax gives NaN for a slice of all -inf (x - max is -inf - -inf), and for a slice
+// holding NaN or +inf; the other slices are unaffected. The harness's cases avoid these (a NaN
+// fails its comparison): here, on every target, along the last dim (the row kernel) and along
+// others (the column kernel).
+BOOST_AUTO_TEST_CASE(softmax_all_neg_inf_slices_are_nan) {
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    Shape shape;
+    int64_t dim;
+  };
+  const Case cases[] = {{{4, 9}, -1},    {{4, 17}, 1}, {{9, 4}, 0},
+                        {{3, 5, 19}, 1}, {{1, 3}, 1},  {{3, 1}, 0}};
+  TargetReset reset;
+  for (const int64_t target : compiled_targets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (const Case& c : cases) {
+      Generator gen(3);
+      Tensor x = Tensor::randn(c.shape, gen);
+      const auto d = static_cast<size_t>(wrap(c.dim, c.shape.size()));
+      const std::vector<int64_t> st = f64::strides_of(c.shape);
+      const int64_t len = c.shape[d], slices = x.numel() / len;
+      // Slice 0 all -inf; slice 1 (if any) holds a NaN; slice 2 (if any) a +inf; the rest
+      // normal with some -inf.
+      auto at = [&](int64_t slice, int64_t i) {
+        return (slice / st[d]) * st[d] * len + slice % st[d] + i * st[d];
+      };
+      float* p = x.data<float>();
+      for (int64_t i = 0; i < len; ++i) p[at(0, i)] = -inf;
+      if (slices > 1) p[at(1, len - 1)] = kNaN;
+      if (slices > 2) p[at(2, 0)] = inf;
+      if (slices > 3 && len > 1) p[at(3, 1)] = -inf;
+      Tensor y = Tensor::empty(c.shape);
+      softmax_into(x, c.dim, y, "test");
+      const std::vector<double> ref = f64::softmax(x.to_double_vector(), c.shape, c.dim);
+      const float* q = y.data<float>();
+      for (int64_t slice = 0; slice < slices; ++slice) {
+        for (int64_t i = 0; i < len; ++i) {
+          const float got = q[at(slice, i)];
+          const bool want_nan = slice < 3;
+          const bool ok = want_nan ? std::isnan(got)
+                                   : std::abs(got - ref[static_cast<size_t>(at(slice, i))]) <= 1e-6;
+          BOOST_TEST(ok, hwy::TargetName(target)
+                             << " softmax " << shape_to_string(c.shape) << " dim " << c.dim
+                             << " slice " << slice << " element " << i << " = " << got);
+        }
+      }
+    }
+  }
+}
+
+// Bad arguments and shapes of the math ops, each refused when the network is resolved with the
+// code interfaces.md gives it and a message naming the node, the argument and the shapes.
+BOOST_AUTO_TEST_CASE(math_ops_reject_bad_args_and_shapes) {
+  auto resolve = [](const std::string& json) {
+    Network::resolve(parse_network(json, "test.json"));
+  };
+  // One node `op` on inputs a and b of the given JSON shapes.
+  auto binary = [](const std::string& op, const std::string& a, const std::string& b,
+                   const std::string& args = "{}") {
+    return R"({"inputs": {"a": )" + a + R"(, "b": )" + b +
+           R"(}, "nodes": [{"name": "n0", "op": ")" + op + R"(", "args": )" + args +
+           R"(, "inputs": {"a": "a", "b": "b"}}], "outputs": {"y": "n0"}})";
+  };
+  auto unary = [](const std::string& op, const std::string& x, const std::string& args) {
+    return R"({"inputs": {"x": )" + x + R"(}, "nodes": [{"name": "n0", "op": ")" + op +
+           R"(", "args": )" + args + R"(, "inputs": {"x": "x"}}], "outputs": {"y": "n0"}})";
+  };
+  expect_error(ErrorCode::Shape,
+               "n0 (matmul): a [2, 3] and b [4, 2] cannot be multiplied: inner dims 3 vs 4",
+               [&] { resolve(binary("matmul", "[2, 3]", "[4, 2]")); });
+  expect_error(ErrorCode::Shape, "a [5] and b [4] cannot be multiplied: inner dims 5 vs 4",
+               [&] { resolve(binary("matmul", "[5]", "[4]")); });
+  expect_error(ErrorCode::Shape, "a [2, 7] and b [3] cannot be multiplied: inner dims 7 vs 3",
+               [&] { resolve(binary("matmul", "[2, 7]", "[3]")); });
+  expect_error(ErrorCode::Shape,
+               "a [2, 2, 3] and b [3, 3, 2] do not broadcast in their batch dims (dim 0): 2 vs 3",
+               [&] { resolve(binary("matmul", "[2, 2, 3]", "[3, 3, 2]")); });
+  expect_error(ErrorCode::Shape, "a [] and b [3]: matmul needs inputs of at least 1 dim",
+               [&] { resolve(binary("matmul", "[]", "[3]")); });
+  expect_error(ErrorCode::Arg, "n0 (matmul): unknown argument",
+               [&] { resolve(binary("matmul", "[2, 3]", "[3, 2]", R"({"out": 1})")); });
+  for (const char* op : {"sub", "mul", "div"})
+    expect_error(ErrorCode::Shape, "a [2, 3] and b [4] do not broadcast (dim 1): 3 vs 4",
+                 [&] { resolve(binary(op, "[2, 3]", "[4]")); });
+  expect_error(ErrorCode::Shape, "a [2, 1, 5] and b [3, 4] do not broadcast (dim 2): 5 vs 4",
+               [&] { resolve(binary("mul", "[2, 1, 5]", "[3, 4]")); });
+  expect_error(ErrorCode::Unsupported, "n0 (sub): alpha=2.0 is not supported",
+               [&] { resolve(binary("sub", "[2, 3]", "[3]", R"({"alpha": 2})")); });
+  expect_error(ErrorCode::Arg, "n0 (mul): unknown argument",
+               [&] { resolve(binary("mul", "[2, 3]", "[3]", R"({"alpha": 1})")); });
+  expect_error(ErrorCode::Constraint, "n0 (dropout): p=1.5 must be in [0, 1]",
+               [&] { resolve(unary("dropout", "[2, 3]", R"({"p": 1.5})")); });
+  expect_error(ErrorCode::Constraint, "p=-0.1 must be in [0, 1]",
+               [&] { resolve(unary("dropout", "[2, 3]", R"({"p": -0.1})")); });
+  expect_error(ErrorCode::Unsupported, "n0 (dropout): training=true is not supported",
+               [&] { resolve(unary("dropout", "[2, 3]", R"({"training": true})")); });
+  expect_error(ErrorCode::Arg, "argument training must be a boolean",
+               [&] { resolve(unary("dropout", "[2, 3]", R"({"training": 1})")); });
+  expect_error(ErrorCode::Constraint,
+               "n0 (softmax): dim=2 is out of range for a rank-2 input (valid: -2 .. 1)",
+               [&] { resolve(unary("softmax", "[2, 3]", R"({"dim": 2})")); });
+  expect_error(ErrorCode::Constraint, "dim=-3 is out of range for a rank-2 input",
+               [&] { resolve(unary("softmax", "[2, 3]", R"({"dim": -3})")); });
+  expect_error(ErrorCode::Constraint, "dim=1 is out of range for a rank-1 input (valid: -1 .. 0)",
+               [&] { resolve(unary("softmax", "[]", R"({"dim": 1})")); });
+  expect_error(ErrorCode::Arg, "n0 (softmax): missing required argument dim",
+               [&] { resolve(unary("softmax", "[2, 3]", "{}")); });
+  for (const char* op : {"silu", "tanh", "sigmoid"})
+    expect_error(ErrorCode::Arg, "unknown argument",
+                 [&] { resolve(unary(op, "[2, 3]", R"({"inplace": true})")); });
+  expect_error(ErrorCode::DType, "n0 (softmax): x has dtype bool", [&] {
+    resolve(unary("softmax", R"({"shape": [2, 3], "dtype": "bool"})", R"({"dim": 0})"));
+  });
+
+  // Open dims: the inner-dim check waits until the shapes are bound.
+  const std::string open = binary("matmul", R"(["B", "K"])", "[4, 2]");
+  const Network net = Network::resolve(parse_network(open, "test.json"));
+  BOOST_TEST(net.summary().find("-> [B, 2]") != std::string::npos, net.summary());
+  expect_error(ErrorCode::Shape, "a [2, 3] and b [4, 2] cannot be multiplied: inner dims 3 vs 4",
+               [&] {
+                 Network::resolve(parse_network(open, "test.json"), {{"a", {2, 3}}});
+               });
+  Network::resolve(parse_network(open, "test.json"), {{"a", {2, 4}}});
 }
 
 BOOST_AUTO_TEST_SUITE_END()

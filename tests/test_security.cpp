@@ -303,4 +303,53 @@ BOOST_AUTO_TEST_CASE(outputs_are_bitwise_identical_across_runs_and_thread_counts
   BOOST_TEST(reference.size() == 7u);
 }
 
+// The math ops the same way: matmul split into row tasks (300 rows: 3 of 128), column tasks (8
+// rows x 2048 columns: 2) and batches (16 products, several per task); softmax over the last
+// dim (rows) and over dim 0 (column tasks of 256); the binary and exp maps in 16K-float chunks,
+// broadcast rows included ([300, 600] / [5, 1, 600]: 1500 rows of 600).
+BOOST_AUTO_TEST_CASE(math_ops_are_bitwise_identical_across_thread_counts) {
+  const std::string net = R"({
+    "inputs": {"a": [300, 130], "b": [130, 600], "c": [8, 200], "d": [200, 2048],
+               "q": [16, 64, 64], "z": [5, 1, 600]},
+    "nodes": [
+      {"name": "p", "op": "matmul", "inputs": {"a": "a", "b": "b"}},
+      {"name": "pc", "op": "matmul", "inputs": {"a": "c", "b": "d"}},
+      {"name": "pq", "op": "matmul", "inputs": {"a": "q", "b": "q"}},
+      {"name": "s", "op": "softmax", "args": {"dim": -1}, "inputs": {"x": "p"}},
+      {"name": "s0", "op": "softmax", "args": {"dim": 0}, "inputs": {"x": "p"}},
+      {"name": "t", "op": "tanh", "inputs": {"x": "s0"}},
+      {"name": "g", "op": "sigmoid", "inputs": {"x": "p"}},
+      {"name": "u", "op": "silu", "inputs": {"x": "pc"}},
+      {"name": "m", "op": "mul", "inputs": {"a": "s", "b": "t"}},
+      {"name": "v", "op": "sub", "inputs": {"a": "m", "b": "g"}},
+      {"name": "dz", "op": "dropout", "inputs": {"x": "z"}},
+      {"name": "r", "op": "div", "inputs": {"a": "v", "b": "dz"}}
+    ],
+    "outputs": {"r": "r", "u": "u", "pq": "pq"}})";
+  const Model model(spec_of(net), 7);
+  Generator gen(13);
+  std::map<std::string, Tensor> in;
+  const std::vector<std::pair<std::string, Shape>> shapes = {
+      {"a", {300, 130}},  {"b", {130, 600}},   {"c", {8, 200}},
+      {"d", {200, 2048}}, {"q", {16, 64, 64}}, {"z", {5, 1, 600}}};
+  for (const auto& [name, shape] : shapes) in[name] = Tensor::randn(shape, gen);
+  std::map<std::string, TensorDesc> descs;
+  for (const auto& [name, t] : in) descs[name] = TensorDesc{t.shape(), t.dtype()};
+
+  std::map<std::string, std::vector<uint8_t>> reference;
+  for (int threads : {1, 2, 8}) {
+    ThreadScope scope(threads);
+    Plan plan(model, descs);
+    for (int rep = 0; rep < 2; ++rep) {
+      for (const auto& [name, t] : plan.run(in)) {
+        const std::vector<uint8_t> bytes = bytes_of(t);
+        auto [it, first] = reference.emplace(name, bytes);
+        BOOST_TEST((first || it->second == bytes),
+                   "output " << name << " differs at threads=" << threads << " run " << rep);
+      }
+    }
+  }
+  BOOST_TEST(reference.size() == 3u);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -24,6 +24,8 @@ KernelTable make_cpu_kernels() {
   t.gelu_f32 = cpu::gelu_f32;
   t.layer_norm_rows_f32 = cpu::layer_norm_rows_f32;
   t.unary_maps_f32 = cpu::unary_maps_f32(&t.unary_map_count);
+  t.binary_maps_f32 = cpu::binary_maps_f32(&t.binary_map_count);
+  t.softmax_columns_f32 = cpu::softmax_columns_f32;
   t.flash_attention_f32 = cpu::flash_attention_f32_dispatch;
   t.flash_attention_scratch_floats = cpu::flash_attention_scratch_floats_cpu;
   return t;

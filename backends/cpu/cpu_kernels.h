@@ -44,6 +44,10 @@ void layer_norm_rows_f32(int64_t rows, int64_t cols, const float* x, int64_t x_s
 // Every elementwise map y = f(x) of elementwise_f32.cc, by the op it serves (KernelTable's
 // unary_maps_f32); `count` receives the number of entries.
 const NamedUnaryMapF32* unary_maps_f32(int64_t* count);
+// Every broadcasting binary map of elementwise_f32.cc (KernelTable's binary_maps_f32).
+const NamedBinaryMapF32* binary_maps_f32(int64_t* count);
+void softmax_columns_f32(int64_t rows, int64_t cols, const float* x, int64_t x_stride, float* y,
+                         int64_t y_stride);
 // The HWY_TARGET the Highway kernels dispatch to right now (one bit, e.g. HWY_AVX3).
 int64_t dispatched_target();
 

@@ -1,16 +1,21 @@
-// Element-wise and row-wise f32 kernels: rotary embedding, bias add, add, GELU, ReLU, layer norm.
+// Element-wise and row-wise f32 kernels: rotary embedding, bias add, the broadcasting binary maps
+// (add, sub, mul, div), GELU, ReLU, SiLU, sigmoid, tanh, layer norm, softmax down columns.
 // All are a few vector ops per element over data that is read once, so they run at memory
-// (or L2) bandwidth except GELU, whose erf costs about 35 vector ops per vector.
+// (or L2) bandwidth except GELU, whose erf costs about 35 vector ops per vector, and the
+// exp-based maps (about 20).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backends/cpu/elementwise_f32.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+// Per target too: Tanh (and the Expm1 it uses).
+#include <hwy/contrib/math/math-inl.h>
 
 #include <algorithm>
-#include <iterator>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <limits>
 
 #include "backends/cpu/math_f32-inl.h"
 #include "core/simd_tail-inl.h"
@@ -89,6 +94,74 @@ void AddF32(int64_t count, const float* a, const float* b, float* y) {
   for (; i < n; ++i) y[i] = a[i] + b[i];
 }
 
+// The binary maps of the broadcasting ops: y[i] = a[i * a_step] op b[i * b_step], a step of 0
+// stretching one value over the row (PyTorch broadcasting along the last dim). Each op is one
+// IEEE operation, correctly rounded in a lane as in a scalar register (divps and the SCALAR
+// target's `/` alike), so every target gives the bits a float loop would; add's bits are
+// AddF32's. The tail's unused lanes are padded with 1 (no division by zero, though its lanes
+// are never stored).
+struct AddF32Op {
+  template <class V>
+  HWY_INLINE V operator()(V a, V b) const {
+    return hn::Add(a, b);
+  }
+};
+struct SubF32Op {
+  template <class V>
+  HWY_INLINE V operator()(V a, V b) const {
+    return hn::Sub(a, b);
+  }
+};
+struct MulF32Op {
+  template <class V>
+  HWY_INLINE V operator()(V a, V b) const {
+    return hn::Mul(a, b);
+  }
+};
+struct DivF32Op {
+  template <class V>
+  HWY_INLINE V operator()(V a, V b) const {
+    return hn::Div(a, b);
+  }
+};
+
+template <class Op>
+HWY_INLINE void BinaryMapF32(int64_t count, const float* a, int64_t a_step, const float* b,
+                             int64_t b_step, float* y) {
+  if (count <= 0) return;
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  const size_t N = hn::Lanes(d);
+  const size_t n = static_cast<size_t>(count);
+  const Op op;
+  const auto load = [d](const float* p, int64_t step, size_t i) HWY_ATTR -> V {
+    return step != 0 ? hn::LoadU(d, p + i) : hn::Set(d, p[0]);
+  };
+  const auto load_tail = [d, n](const float* p, int64_t step, size_t i) HWY_ATTR -> V {
+    return step != 0 ? LoadTail(d, p + i, n - i, 1.0f) : hn::Set(d, p[0]);
+  };
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(op(load(a, a_step, i), load(b, b_step, i)), d, y + i);
+  if (i < n) StoreTail(d, op(load_tail(a, a_step, i), load_tail(b, b_step, i)), y + i, n - i);
+}
+
+void AddMapF32(int64_t n, const float* a, int64_t a_step, const float* b, int64_t b_step,
+               float* y) {
+  BinaryMapF32<AddF32Op>(n, a, a_step, b, b_step, y);
+}
+void SubMapF32(int64_t n, const float* a, int64_t a_step, const float* b, int64_t b_step,
+               float* y) {
+  BinaryMapF32<SubF32Op>(n, a, a_step, b, b_step, y);
+}
+void MulMapF32(int64_t n, const float* a, int64_t a_step, const float* b, int64_t b_step,
+               float* y) {
+  BinaryMapF32<MulF32Op>(n, a, a_step, b, b_step, y);
+}
+void DivMapF32(int64_t n, const float* a, int64_t a_step, const float* b, int64_t b_step,
+               float* y) {
+  BinaryMapF32<DivF32Op>(n, a, a_step, b, b_step, y);
+}
+
 // ------------------------------------------------------------------------------------------
 // GELU, exact form: x * Phi(x), Phi(x) = 1 - erfc(x/sqrt2)/2 for x >= 0 and erfc(|x|/sqrt2)/2
 // for x < 0. Going through erfc keeps Phi relatively accurate in the negative tail, where
@@ -162,6 +235,66 @@ void ReluF32(int64_t count, const float* x, float* y) {
     hn::StoreU(hn::IfThenElse(hn::Lt(v, zero), zero, v), d, y + i);
   }
   for (; i < n; ++i) y[i] = x[i] < 0.0f ? 0.0f : x[i];
+}
+
+// ------------------------------------------------------------------------------------------
+// The exp-based maps, measured against double over every 1024th float of [-120, 120] (2.1M
+// values; kernels/unary_maps_match_float64_to_a_few_ulp) on AVX2, SSE4 and SCALAR alike:
+// sigmoid 2.13 ulp, silu 2.99, tanh 2.50 (AVX2; 2.47 on the others). Each is exp (1 ulp), an
+// add, a divide and (silu) a multiply, each rounding at most half an ulp.
+//
+// sigmoid(x) = num / (1 + e) with e = exp(-|x|) <= 1, num = 1 for x >= 0 and e for x < 0 (then
+// e / (1 + e) = 1 / (1 + e^-x)). The exp argument is never positive, so nothing overflows for
+// any x (sigmoid(-100) is e^-100 ~ 0, never NaN: 1 / (1 + inf) would be fine, but inf / inf
+// would not), and the negative tail keeps its relative accuracy instead of cancelling in 1 - s.
+// ExpF32 (1 ulp) flushes e below e^-87 to 0, so sigmoid(x < -87) is 0 where PyTorch gives the
+// subnormal or tiny normal e^x: an absolute error under 1.7e-38. -inf gives 0, +inf 1, NaN NaN.
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE V SigmoidF32(D d, V x) {
+  const V one = hn::Set(d, 1.0f);
+  const V e = ExpF32(d, hn::Neg(hn::Abs(x)));
+  const V num = hn::IfThenElse(hn::Lt(x, hn::Zero(d)), e, one);
+  return hn::Div(num, hn::Add(one, e));
+}
+
+// silu(x) = x * sigmoid(x) = x / (1 + e^-x), as num / (1 + e) with num = x for x >= 0 and x * e
+// for x < 0: one divide, and as in SigmoidF32 no exp of a positive argument. PyTorch computes
+// x / (1 + exp(-x)), which gives -0 once exp(-x) overflows (x < -88.7) where this gives the
+// tiny x e^x (or 0 below -87): both are within 1e-36 of the true value. silu(-inf) is NaN
+// (-inf * 0), as PyTorch's -inf / inf; silu(+inf) = +inf; -0.0 stays -0.0.
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE V SiluF32(D d, V x) {
+  const V one = hn::Set(d, 1.0f);
+  const V e = ExpF32(d, hn::Neg(hn::Abs(x)));
+  const V num = hn::IfThenElse(hn::Lt(x, hn::Zero(d)), hn::Mul(x, e), x);
+  return hn::Div(num, hn::Add(one, e));
+}
+
+// A map y = f(x) over n floats, the tail through a stack copy (padded with 0, which every f here
+// takes without a special case).
+template <class F>
+HWY_INLINE void UnaryLoopF32(int64_t count, const float* x, float* y, F f) {
+  if (count <= 0) return;
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const size_t n = static_cast<size_t>(count);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(f(d, hn::LoadU(d, x + i)), d, y + i);
+  if (i < n) StoreTail(d, f(d, LoadTail(d, x + i, n - i, 0.0f)), y + i, n - i);
+}
+
+void SigmoidMapF32(int64_t n, const float* x, float* y) {
+  UnaryLoopF32(n, x, y, [](auto d, auto v) HWY_ATTR { return SigmoidF32(d, v); });
+}
+void SiluMapF32(int64_t n, const float* x, float* y) {
+  UnaryLoopF32(n, x, y, [](auto d, auto v) HWY_ATTR { return SiluF32(d, v); });
+}
+// Highway's contrib Tanh: sign(x) * expm1(2|x|) / (expm1(2|x|) + 2), exactly +-1 past
+// |x| = 18.7 (so tanh(+-100) and tanh(+-inf) are +-1, never NaN); NaN stays NaN, -0.0 stays
+// -0.0. expm1 keeps small |x| accurate, where (1 - e^-2|x|) / (1 + e^-2|x|) would cancel.
+// Highway documents 4 ulp; the figure above is what these targets measure.
+void TanhMapF32(int64_t n, const float* x, float* y) {
+  UnaryLoopF32(n, x, y, [](auto d, auto v) HWY_ATTR { return hn::Tanh(d, v); });
 }
 
 void GeluF32(int64_t n, const float* x, float* y, bool tanh_approx) {
@@ -258,6 +391,78 @@ void LayerNormRowsF32(int64_t rows, int64_t cols, const float* x, int64_t x_stri
   }
 }
 
+// ------------------------------------------------------------------------------------------
+// Softmax down the columns of a row-major [rows, cols] block: y[i, j] = e[i, j] / sum_i e[i, j],
+// e = exp(x[i, j] - max_i x[i, j]). This is torch.softmax over a dim that is not the last one,
+// seen as [outer, rows, cols] with cols the product of the later dims: each lane is one column,
+// every load contiguous, no transpose. Three passes per block of up to 4 vectors of columns
+// (max, exp stored in y and summed, scale), 12 accumulators in registers; a block of 1000 rows
+// of 32 columns (AVX2) is 128 KiB of y, in L2 between passes.
+//
+// Each column's sum is a Kahan sum over its rows: plain float sums of n terms drift by up to n/2
+// ulp when a weight near 1 absorbs many small ones (softmax_f32.cc measures the same effect);
+// compensated, the sum is within 2 ulp for any n, for 3 more adds per vector (the exp costs ~16).
+// Unlike softmax_rows_f32 (attention's convention), this keeps PyTorch's special values: a column
+// of all -inf has max -inf and every x - max NaN, so it comes out NaN; a NaN or a +inf makes its
+// column NaN too (x86 max drops NaNs, but x - max is NaN for a NaN x and sum propagates it).
+// y may alias x (same strides): pass 2 reads each element before writing it.
+void SoftmaxColumnsF32(int64_t rows, int64_t cols, const float* x, int64_t x_stride, float* y,
+                       int64_t y_stride) {
+  if (rows <= 0 || cols <= 0) return;
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  const size_t N = hn::Lanes(d);
+  constexpr size_t kVectors = 4;
+  const size_t n = static_cast<size_t>(cols);
+  for (size_t j0 = 0; j0 < n; j0 += kVectors * N) {
+    const size_t width = std::min(kVectors * N, n - j0);
+    const size_t full = width / N;         // whole vectors in this block
+    const size_t tail = width - full * N;  // columns of a last partial vector
+    const size_t vectors = full + (tail ? 1 : 0);
+    // Partial vectors go through a stack copy padded with 0: a padded lane is a column of
+    // zeros, harmless (weight 1/rows), and never stored.
+    const auto load = [&](const float* row, size_t v) HWY_ATTR -> V {
+      return v < full ? hn::LoadU(d, row + j0 + v * N) : LoadTail(d, row + j0 + v * N, tail, 0.0f);
+    };
+    const auto store = [&](V value, float* row, size_t v) HWY_ATTR {
+      if (v < full) {
+        hn::StoreU(value, d, row + j0 + v * N);
+      } else {
+        StoreTail(d, value, row + j0 + v * N, tail);
+      }
+    };
+    V m[kVectors], s[kVectors], c[kVectors];
+    for (size_t v = 0; v < kVectors; ++v) {
+      m[v] = hn::Set(d, -std::numeric_limits<float>::infinity());
+      s[v] = hn::Zero(d);
+      c[v] = hn::Zero(d);
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* xr = x + i * x_stride;
+      for (size_t v = 0; v < vectors; ++v) m[v] = hn::Max(m[v], load(xr, v));
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* xr = x + i * x_stride;
+      float* yr = y + i * y_stride;
+      for (size_t v = 0; v < vectors; ++v) {
+        const V e = ExpF32(d, hn::Sub(load(xr, v), m[v]));
+        store(e, yr, v);
+        // Kahan: c holds what the last add lost (negated), taken back from the next term.
+        const V term = hn::Sub(e, c[v]);
+        const V sum = hn::Add(s[v], term);
+        c[v] = hn::Sub(hn::Sub(sum, s[v]), term);
+        s[v] = sum;
+      }
+    }
+    V inv[kVectors];
+    for (size_t v = 0; v < vectors; ++v) inv[v] = hn::Div(hn::Set(d, 1.0f), s[v]);
+    for (int64_t i = 0; i < rows; ++i) {
+      float* yr = y + i * y_stride;
+      for (size_t v = 0; v < vectors; ++v) store(hn::Mul(load(yr, v), inv[v]), yr, v);
+    }
+  }
+}
+
 }  // namespace tessera::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -271,6 +476,14 @@ HWY_EXPORT(AddBiasRowsF32);
 HWY_EXPORT(AddF32);
 HWY_EXPORT(GeluF32);
 HWY_EXPORT(ReluF32);
+HWY_EXPORT(AddMapF32);
+HWY_EXPORT(SubMapF32);
+HWY_EXPORT(MulMapF32);
+HWY_EXPORT(DivMapF32);
+HWY_EXPORT(SiluMapF32);
+HWY_EXPORT(SigmoidMapF32);
+HWY_EXPORT(TanhMapF32);
+HWY_EXPORT(SoftmaxColumnsF32);
 HWY_EXPORT(LayerNormRowsF32);
 
 namespace cpu {
@@ -278,12 +491,50 @@ int64_t dispatched_target() { return HWY_DYNAMIC_DISPATCH(DispatchedTarget)(); }
 
 namespace {
 void relu_f32(int64_t n, const float* x, float* y) { HWY_DYNAMIC_DISPATCH(ReluF32)(n, x, y); }
+void silu_f32(int64_t n, const float* x, float* y) { HWY_DYNAMIC_DISPATCH(SiluMapF32)(n, x, y); }
+void sigmoid_f32(int64_t n, const float* x, float* y) {
+  HWY_DYNAMIC_DISPATCH(SigmoidMapF32)(n, x, y);
+}
+void tanh_f32(int64_t n, const float* x, float* y) { HWY_DYNAMIC_DISPATCH(TanhMapF32)(n, x, y); }
+
+void add_map_f32(int64_t n, const float* a, int64_t a_step, const float* b, int64_t b_step,
+                 float* y) {
+  HWY_DYNAMIC_DISPATCH(AddMapF32)(n, a, a_step, b, b_step, y);
+}
+void sub_map_f32(int64_t n, const float* a, int64_t a_step, const float* b, int64_t b_step,
+                 float* y) {
+  HWY_DYNAMIC_DISPATCH(SubMapF32)(n, a, a_step, b, b_step, y);
+}
+void mul_map_f32(int64_t n, const float* a, int64_t a_step, const float* b, int64_t b_step,
+                 float* y) {
+  HWY_DYNAMIC_DISPATCH(MulMapF32)(n, a, a_step, b, b_step, y);
+}
+void div_map_f32(int64_t n, const float* a, int64_t a_step, const float* b, int64_t b_step,
+                 float* y) {
+  HWY_DYNAMIC_DISPATCH(DivMapF32)(n, a, a_step, b, b_step, y);
+}
 
 // The elementwise maps, by the op they serve: one line per map.
 constexpr NamedUnaryMapF32 kUnaryMaps[] = {
     {"relu", relu_f32},
+    {"silu", silu_f32},
+    {"sigmoid", sigmoid_f32},
+    {"tanh", tanh_f32},
+};
+
+// The broadcasting binary maps, by the op they serve: one line per map.
+constexpr NamedBinaryMapF32 kBinaryMaps[] = {
+    {"add", add_map_f32},
+    {"sub", sub_map_f32},
+    {"mul", mul_map_f32},
+    {"div", div_map_f32},
 };
 }  // namespace
+
+const NamedBinaryMapF32* binary_maps_f32(int64_t* count) {
+  *count = static_cast<int64_t>(std::size(kBinaryMaps));
+  return kBinaryMaps;
+}
 
 const NamedUnaryMapF32* unary_maps_f32(int64_t* count) {
   *count = static_cast<int64_t>(std::size(kUnaryMaps));
@@ -306,6 +557,10 @@ void gelu_f32(int64_t n, const float* x, float* y, bool tanh_approx) {
 void layer_norm_rows_f32(int64_t rows, int64_t cols, const float* x, int64_t x_stride, float* y,
                          int64_t y_stride, const float* gamma, const float* beta, float eps) {
   HWY_DYNAMIC_DISPATCH(LayerNormRowsF32)(rows, cols, x, x_stride, y, y_stride, gamma, beta, eps);
+}
+void softmax_columns_f32(int64_t rows, int64_t cols, const float* x, int64_t x_stride, float* y,
+                         int64_t y_stride) {
+  HWY_DYNAMIC_DISPATCH(SoftmaxColumnsF32)(rows, cols, x, x_stride, y, y_stride);
 }
 }  // namespace cpu
 }  // namespace tessera

@@ -13,11 +13,15 @@ num_heads=4, hidden_dim=32, mlp_dim=64, num_classes=10): 16 patch tokens and the
 the network file is what `tessera recipe vision_transformer` writes for the same arguments
 (vit_digits.json, committed; scripts/run_example.sh checks it is still what the recipe writes).
 
-Writes, beside this script:
-  weights.safetensors       model.state_dict() as is (safetensors layout, tests/fixtures/st_format)
-  test_images.safetensors   x [360, 3, 8, 8] float32: the held-out images
+Writes, beside this script (the layout every examples/<name>/ has, tests/test_cli.cpp):
+  digits.safetensors        model.state_dict() as is, with digits.json in its metadata under
+                            tessera.network: one file that is the whole model
+  input.safetensors         x [360, 3, 8, 8] float32: the held-out images
   expected.safetensors      y [360, 10]: PyTorch's eval-mode logits for them
   labels.safetensors        labels [360] int64: the true digits
+digits.json must exist first: `tessera recipe vision_transformer --set image_size=8
+--set patch_size=2 --set num_layers=2 --set num_heads=4 --set hidden_dim=32 --set mlp_dim=64
+--set num_classes=10 --output examples/digits/digits.json`.
 Deterministic: torch.manual_seed(0), one thread.
 """
 import os
@@ -82,8 +86,11 @@ def main():
     print(f"held-out accuracy {acc:.4f} ({int(round(acc * len(yte)))}/{len(yte)}), "
           f"{sum(p.numel() for p in model.parameters())} parameters")
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, os.path.join(HERE, "weights.safetensors"))
-    save_file({"x": xte}, os.path.join(HERE, "test_images.safetensors"))
+    with open(os.path.join(HERE, "digits.json")) as f:
+        network = f.read()
+    save_file(state, os.path.join(HERE, "digits.safetensors"),
+              metadata={"format": "pt", "tessera.network": network})
+    save_file({"x": xte}, os.path.join(HERE, "input.safetensors"))
     save_file({"y": logits.contiguous()}, os.path.join(HERE, "expected.safetensors"))
     save_file({"labels": yte}, os.path.join(HERE, "labels.safetensors"))
 
