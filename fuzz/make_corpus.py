@@ -260,6 +260,18 @@ SMALL = {
         ("q", "div", {}, {"a": "v", "b": "z"}),
         ("d", "dropout", {"p": 0.1, "inplace": False, "training": False}, {"x": "q"}),
     ], {"y": "d"}),
+    # A GPT in miniature: ids, token and position embeddings, a learned tensor, module-path
+    # node names, the tied head reading tok.weight.
+    "gpt_parts": net({"ids": {"shape": [2, 3], "dtype": "int64"}}, [
+        ("tok", "embedding", {"num_embeddings": 5, "embedding_dim": 8}, {"x": "ids"}),
+        ("positions", "arange", {"dim": 1}, {"like": "ids"}),
+        ("pos", "embedding", {"num_embeddings": 4, "embedding_dim": 8}, {"x": "positions"}),
+        ("blocks.0.scale", "parameter", {"shape": [1, 1, 8], "std": 0.5}, {}),
+        ("blocks.0.sum", "add", {}, {"a": "tok", "b": "pos"}),
+        ("blocks.0.scaled", "mul", {}, {"a": "blocks.0.sum", "b": "blocks.0.scale"}),
+        ("logits", "linear", {"out_features": 5, "bias": False},
+         {"x": "blocks.0.scaled", "weight": "tok.weight"}),
+    ], {"logits": "logits"}),
     "matmul_broadcast": net({"a": ["B", 1, 4, 3], "b": [5, 3, 2], "v": [3], "u": [4]}, [
         ("p", "matmul", {}, {"a": "a", "b": "b"}),
         ("mv", "matmul", {}, {"a": "a", "b": "v"}),
@@ -276,6 +288,8 @@ def network_seeds():
             write("network", "spec_example%d.json" % i, f.read())
     with open(os.path.join(ROOT, "examples", "encoder", "encoder.json")) as f:
         write("network", "encoder.json", f.read())
+    with open(os.path.join(ROOT, "examples", "digits", "digits.json")) as f:
+        write("network", "digits.json", f.read())
     for name, n in SMALL.items():
         write("network", name + ".json", json.dumps(n, separators=(",", ":")))
 
@@ -297,6 +311,9 @@ def input_file(n, dtypes=None):
         kind = spec.get("dtype", "float32") if isinstance(spec, dict) else "float32"
         if kind == "bool":
             entries.append((name, "BOOL", shape, bytes((i % 3 == 0) for i in range(numel(shape)))))
+        elif kind == "int64":  # token ids, in range for the corpus networks' tables (< 5)
+            entries.append((name, "I64", shape,
+                            struct.pack("<%dq" % numel(shape), *[i % 5 for i in range(numel(shape))])))
         elif (dtypes or {}).get(name) == "F16":
             values = [rng.gauss(0, 1) for _ in range(numel(shape))]
             entries.append((name, "F16", shape, struct.pack("<%de" % len(values), *values)))
@@ -347,7 +364,7 @@ def run_seeds():
 
     # Added later than the seeds above, so that their random draws stay as they were.
     for name in ["relu", "layout_window", "layout_merge", "layout_tokens", "conv_patch_mean",
-                 "conv_strided_pool", "math_ops", "matmul_broadcast"]:
+                 "conv_strided_pool", "math_ops", "matmul_broadcast", "gpt_parts"]:
         n = SMALL[name]
         text = json.dumps(n, separators=(",", ":")).encode()
         write("run", name + "_random_init", run_seed(1, text, b"", input_file(n)))
