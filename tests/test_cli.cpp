@@ -537,4 +537,55 @@ BOOST_AUTO_TEST_CASE(sigkill_mid_run_leaves_the_previous_output_intact) {
   BOOST_TEST(SafetensorsFile::open(out).tensor("y").shape() == (Shape{2048, 1024}));
 }
 
+// ---------------------------------------------------------------- recipe
+
+BOOST_AUTO_TEST_CASE(recipe_writes_networks_that_summary_counts_like_torch) {
+  Scratch s;
+  // The shipped example's network is what the recipe writes today (examples/digits/make_digits.py
+  // names the command), so the example cannot drift from the recipe.
+  const Result digits = cli_run({"recipe", "vision_transformer", "--set", "image_size=8", "--set",
+                                 "patch_size=2", "--set", "num_layers=2", "--set", "num_heads=4",
+                                 "--set", "hidden_dim=32", "--set", "mlp_dim=64", "--set",
+                                 "num_classes=10"});
+  BOOST_TEST(digits.status == 0, digits.err);
+  BOOST_TEST(digits.err.empty());
+  std::ifstream committed(kSource + "/examples/digits/digits.json", std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(committed)), std::istreambuf_iterator<char>());
+  BOOST_TEST(digits.out == text);
+
+  // --output writes the same text (atomically: nothing else is left in the directory), and
+  // summary reports PyTorch's parameter count (sum(p.numel() for p in GPT().parameters()) of
+  // the reference GPT at these arguments: 1,600, the head tied to tok.weight).
+  const std::string net = s.path("gpt.json");
+  const Result w = cli_run({"recipe", "gpt", "--set", "vocab_size=40", "--set", "context=8",
+                            "--set", "d_model=8", "--set", "nhead=2", "--set", "num_layers=2",
+                            "--set", "dim_feedforward=16", "--output", net});
+  BOOST_TEST(w.status == 0, w.err);
+  BOOST_TEST(w.out.empty());
+  BOOST_TEST(std::distance(fs::directory_iterator(s.dir), fs::directory_iterator()) == 1);
+  const Result summary = cli_run({"summary", net});
+  BOOST_TEST(summary.status == 0, summary.err);
+  BOOST_TEST(summary.out.ends_with("Parameters: 1,600\n"), summary.out);
+  // activation=gelu is the string "gelu" (not JSON, so taken as text); a bare number is a number.
+  const Result t = cli_run({"recipe", "transformer", "--set", "activation=gelu", "--set",
+                            "d_model=16", "--set", "nhead=2"});
+  BOOST_TEST(t.status == 0, t.err);
+  BOOST_TEST(t.out.find(R"("op":"gelu")") != std::string::npos);
+
+  expect_failure(cli_run({"recipe", "resnet50"}), "E_ARG", "unknown architecture 'resnet50'");
+  expect_failure(cli_run({"recipe", "gpt", "--set", "d_model"}), "E_ARG", "'d_model' is not NAME=VALUE");
+  expect_failure(cli_run({"recipe", "gpt", "--set", "d_model=8", "--set", "d_model=16"}), "E_ARG",
+                 "--set d_model is given twice");
+  expect_failure(cli_run({"recipe", "vit_b_16", "--set", "image_size=225"}), "E_CONSTRAINT",
+                 "Input shape indivisible by patch size!");
+  expect_failure(cli_run({"recipe", "transformer", "--set", "custom_encoder=\"MyEncoder\""}),
+                 "E_ARG", "custom_encoder takes a Python callable or class");
+  // A failed recipe leaves an existing --output as it was.
+  const std::string kept = s.write("kept.json", "{}");
+  expect_failure(cli_run({"recipe", "gpt", "--set", "nhead=5", "--output", kept}), "E_CONSTRAINT",
+                 "embed_dim must be divisible by num_heads");
+  std::ifstream k(kept);
+  BOOST_TEST(std::string((std::istreambuf_iterator<char>(k)), std::istreambuf_iterator<char>()) == "{}");
+}
+
 BOOST_AUTO_TEST_SUITE_END()
