@@ -249,10 +249,11 @@ int cmd_run(int argc, char** argv) {
   std::map<std::string, TensorDesc> descs;
   for (const NetworkInput& i : spec.inputs) {
     const SafetensorsTensorInfo& info = in.info(i.name);
-    if (!info.dtype || (!dtype_is_floating(*info.dtype) && *info.dtype != DType::Bool))
+    // Which computable dtype fits which input is the plan's rule (float, mask or ids).
+    if (!info.dtype)
       fail(ErrorCode::DType, "input " + i.name,
            "dtype " + info.dtype_name + " is not accepted (float inputs are F32, F16, BF16 or " +
-               "F64; masks BOOL or float)");
+               "F64; masks BOOL or float; ids I64 or I32)");
     Tensor t = in.tensor(i.name);
     descs[i.name] = TensorDesc{t.shape(), t.dtype()};
     tensors.emplace(i.name, std::move(t));
@@ -469,7 +470,9 @@ int cmd_bench(int argc, char** argv) {
            "input " + v.name + " " + sym_shape_to_string(v.type.shape) +
                " has open dims; give --shape " + v.name + "=D0,D1,...");
     const Shape shape = concrete_shape(v.type.shape);
-    descs[v.name] = TensorDesc{shape, v.type.dtype == DType::Bool ? DType::Bool : DType::F32};
+    const DType stored = v.type.dtype == DType::Bool || v.type.dtype == DType::I64 ? v.type.dtype
+                                                                                  : DType::F32;
+    descs[v.name] = TensorDesc{shape, stored};
     shape_text.push_back(v.name + "=" + shape_to_string(shape));
   }
   // The plan first: it refuses shapes over the memory budget before the inputs are made. One
@@ -480,9 +483,10 @@ int cmd_bench(int argc, char** argv) {
   for (size_t i = 0; i < bound.inputs().size(); ++i) {
     const NetworkValue& v = bound.values()[static_cast<size_t>(bound.inputs()[i])];
     const TensorDesc& d = descs.at(v.name);
-    // Masks keep everything (false), so every run does the full work.
-    inputs.emplace(v.name, d.dtype == DType::Bool ? Tensor::zeros(d.shape, DType::Bool)
-                                                  : Tensor::randn(d.shape, gen));
+    // Masks keep everything (false), so every run does the full work; ids are 0, inside every
+    // table (an embedding's time does not depend on which rows it copies).
+    inputs.emplace(v.name, d.dtype == DType::F32 ? Tensor::randn(d.shape, gen)
+                                                 : Tensor::zeros(d.shape, d.dtype));
   }
 
   ProgressBar warm("warm-up", warmup);

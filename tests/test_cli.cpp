@@ -566,6 +566,27 @@ BOOST_AUTO_TEST_CASE(recipe_writes_networks_that_summary_counts_like_torch) {
   const Result summary = cli_run({"summary", net});
   BOOST_TEST(summary.status == 0, summary.err);
   BOOST_TEST(summary.out.ends_with("Parameters: 1,600\n"), summary.out);
+  // Token ids run through `run` (I64, and I32 widened to the same logits) and `bench`.
+  const std::string ids64 = s.path("ids64.safetensors"), ids32 = s.path("ids32.safetensors");
+  const Tensor ids = Tensor::from_vector(std::vector<int64_t>{3, 39, 0, 7, 7}, {1, 5});
+  save(ids64, {{"ids", ids}});
+  save(ids32, {{"ids", ids.to(DType::I32)}});
+  std::vector<Tensor> logits;
+  for (const std::string& in : {ids64, ids32}) {
+    const std::string out = s.path("logits.safetensors");
+    const Result r = cli_run({"run", net, "--input", in, "--output", out});
+    BOOST_TEST(r.status == 0, r.err);
+    logits.push_back(SafetensorsFile::open(out).tensor("logits").clone());
+    BOOST_TEST(logits.back().shape() == (Shape{1, 5, 40}));
+  }
+  BOOST_TEST(max_abs_diff(logits[0], logits[1]) == 0.0);
+  const Result b = cli_run({"bench", net, "--shape", "ids=2,8", "--reps", "1", "--warmup", "0", "--json"});
+  BOOST_TEST(b.status == 0, b.err);
+  expect_failure(cli_run({"bench", net, "--shape", "ids=1,9"}), "E_SHAPE",
+                 "pos (embedding): positions 0..8 need 9 rows, num_embeddings=8");
+  fs::remove(ids32);
+  fs::remove(ids64);
+  fs::remove(s.path("logits.safetensors"));
   // activation=gelu is the string "gelu" (not JSON, so taken as text); a bare number is a number.
   const Result t = cli_run({"recipe", "transformer", "--set", "activation=gelu", "--set",
                             "d_model=16", "--set", "nhead=2"});
