@@ -33,6 +33,7 @@ std::unique_ptr<Op> make_select_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_roll_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_pad_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_expand_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_patch_merging_pad_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_conv2d_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_mean_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_adaptive_avg_pool2d_op(const NetworkNode&, const std::string&);
@@ -78,6 +79,7 @@ constexpr OpEntry kOps[] = {
     {"roll", make_roll_op},                                // layers/shape_ops.cpp
     {"pad", make_pad_op},                                  // layers/shape_ops.cpp
     {"expand", make_expand_op},                            // layers/shape_ops.cpp
+    {"patch_merging_pad", make_patch_merging_pad_op},      // layers/shape_ops.cpp
     {"conv2d", make_conv2d_op},                            // layers/conv.cpp
     {"mean", make_mean_op},                                // layers/conv.cpp
     {"adaptive_avg_pool2d", make_adaptive_avg_pool2d_op},  // layers/conv.cpp

@@ -1337,4 +1337,83 @@ std::unique_ptr<Op> make_expand_op(const NetworkNode& node, const std::string& w
   return std::make_unique<LayoutOp<ExpandSpec>>(node, where);
 }
 
+// ---------------------------------------------------------------- patch_merging_pad
+
+namespace {
+
+// torchvision 0.14's _patch_merging_pad (Swin's PatchMerging before its norm and reduction):
+// x [..., H, W, C] padded with zeros to even H and W, then cat([x0, x1, x2, x3], -1) of the four
+// stride-2 phases x[..., r::2, c::2, :] in the order (r, c) = (0, 0), (1, 0), (0, 1), (1, 1):
+// out [..., ceil(H/2), ceil(W/2), 4C]. One op rather than pad + four slices + concat because the
+// padding depends on H and W, which a network file may leave open.
+class PatchMergingPadOp : public Op {
+ public:
+  PatchMergingPadOp(const NetworkNode& node, const std::string& where) : Op(where) {
+    Args(node.args, where, "patch_merging_pad").finish();
+  }
+  const char* name() const override { return "patch_merging_pad"; }
+  std::vector<PortSpec> input_ports() const override { return {{"x"}}; }
+  std::vector<std::string> output_ports() const override { return {"out"}; }
+
+  InferResult infer(const InputTypes& in, SymbolBindings&) const override {
+    const ValueType& x = *in[0];
+    require_float("x", x, "patch_merging_pad", where());
+    if (x.shape.size() < 3)
+      fail(ErrorCode::Shape, where(), named("x", x) + " needs [..., H, W, C] (rank >= 3)");
+    SymShape out = x.shape;
+    const size_t r = out.size();
+    const std::string w = where();
+    auto half_up = [&](const Dim& d) {
+      return d.is_fixed() ? Dim::fixed((d.value + 1) / 2)
+                          : dim_div(dim_sum({d, Dim::fixed(1)}, w), 2);
+    };
+    out[r - 3] = half_up(out[r - 3]);
+    out[r - 2] = half_up(out[r - 2]);
+    out[r - 1] = dim_mul(out[r - 1], Dim::fixed(4), w);
+    InferResult res;
+    res.outputs.push_back({out, DType::F32});
+    return res;
+  }
+  OpCost cost(const InputTypes&) const override { return {}; }  // data movement
+  std::unique_ptr<OpLayer> instantiate(const InputTypes&,
+                                       std::optional<uint64_t>) const override {
+    return function_layer([](std::span<const Tensor* const> in, std::span<Tensor* const> out) {
+      const Tensor& x = *in[0];
+      Tensor& y = *out[0];
+      const int64_t r = x.dim();
+      const int64_t H = x.size(r - 3), W = x.size(r - 2), C = x.size(r - 1);
+      const int64_t Ho = (H + 1) / 2, Wo = (W + 1) / 2;
+      int64_t outer = 1;
+      for (int64_t d = 0; d < r - 3; ++d) outer *= x.size(d);
+      if (y.numel() == 0) return;
+      const float* xp = x.data<float>();
+      float* yp = y.data<float>();
+      const size_t row = sizeof(float) * static_cast<size_t>(C);
+      // One task per output row (b, i): 4 * Wo rows of C floats copied or zeroed.
+      parallel_for(0, outer * Ho, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, 4 * Wo * C)),
+                   [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t b = t / Ho, i = t % Ho;
+          for (int64_t j = 0; j < Wo; ++j) {
+            float* dst = yp + ((t * Wo) + j) * 4 * C;
+            for (int k = 0; k < 4; ++k) {
+              const int64_t h = 2 * i + (k & 1), w = 2 * j + (k >> 1);
+              if (h < H && w < W)
+                std::memcpy(dst + k * C, xp + ((b * H + h) * W + w) * C, row);
+              else
+                std::fill(dst + k * C, dst + (k + 1) * C, 0.0f);
+            }
+          }
+        }
+      });
+    });
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Op> make_patch_merging_pad_op(const NetworkNode& node, const std::string& where) {
+  return std::make_unique<PatchMergingPadOp>(node, where);
+}
+
 }  // namespace tessera

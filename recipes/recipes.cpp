@@ -67,6 +67,8 @@ class Config {
     if (!v->is_string()) type_error(name, "a string", *v);
     return v->get<std::string>();
   }
+  // The raw value (null when absent), for arguments with their own structure.
+  const ojson* raw(const char* name) { return get(name); }
   // An argument that takes a Python callable, class or module: only its default, None, is
   // expressible here.
   void callable(const char* name) {
@@ -260,6 +262,152 @@ ojson vit_network(Config& c, const std::string& arch) {
   }
   net.node("heads.head", "linear", {{"out_features", num_classes}}, {{"x", x}});
   net.output("y", "heads.head");
+  return net.take();
+}
+
+// ---------------------------------------------------------------- SwinTransformer (v1)
+
+struct SwinShape {
+  int64_t embed_dim;
+  std::vector<int64_t> depths, num_heads;
+  double stochastic_depth_prob;
+};
+
+const std::map<std::string, SwinShape>& swin_presets() {
+  // torchvision 0.14 swin_transformer.py: swin_t, swin_s, swin_b (patch 4, window 7).
+  static const std::map<std::string, SwinShape> presets = {
+      {"swin_t", {96, {2, 2, 6, 2}, {3, 6, 12, 24}, 0.2}},
+      {"swin_s", {96, {2, 2, 18, 2}, {3, 6, 12, 24}, 0.3}},
+      {"swin_b", {128, {2, 2, 18, 2}, {4, 8, 16, 32}, 0.5}},
+  };
+  return presets;
+}
+
+// A list of ints (a JSON array, or one int for both of a pair when `pair`).
+std::vector<int64_t> int_list(Config& c, const char* name, std::optional<std::vector<int64_t>> def,
+                              const ojson* v) {
+  if (!v) {
+    if (!def) fail(ErrorCode::Arg, c.where(), std::string("missing required argument ") + name);
+    return *def;
+  }
+  std::vector<int64_t> out;
+  if (!v->is_array())
+    fail(ErrorCode::Arg, c.where(), std::string(name) + " must be a list of integers, got " +
+                                        type_of(*v) + " " + v->dump());
+  for (const auto& e : *v) {
+    if (!e.is_number_integer())
+      fail(ErrorCode::Arg, c.where(), std::string(name) + " must be a list of integers, got " + v->dump());
+    out.push_back(e.get<int64_t>());
+  }
+  return out;
+}
+
+// SwinTransformer.forward: features.0 (4x4 patches: conv, permute to [B, H, W, C], LayerNorm),
+// then per stage i features.{1+2i} (blocks alternating shift 0 and window/2) and, between stages,
+// features.{2+2i} (PatchMerging: pad to even, the four stride-2 phases, LayerNorm, a linear to 2C),
+// norm, avgpool over H and W, head. Blocks: x + attn(norm1(x)), x + mlp(norm2(x)) (stochastic
+// depth is the identity in eval).
+ojson swin_network(Config& c, const std::string& arch) {
+  SwinShape s{};
+  std::vector<int64_t> patch, window;
+  const auto preset = swin_presets().find(arch);
+  if (preset != swin_presets().end()) {
+    s = preset->second;
+    for (const char* name : {"patch_size", "embed_dim", "depths", "num_heads", "window_size",
+                             "stochastic_depth_prob"})
+      c.fixed_by(name, arch);
+    patch = {4, 4};
+    window = {7, 7};
+    (void)c.boolean("progress", true);
+    c.callable("weights");
+  } else {
+    patch = int_list(c, "patch_size", std::nullopt, c.raw("patch_size"));
+    s.embed_dim = c.integer("embed_dim", std::nullopt);
+    s.depths = int_list(c, "depths", std::nullopt, c.raw("depths"));
+    s.num_heads = int_list(c, "num_heads", std::nullopt, c.raw("num_heads"));
+    window = int_list(c, "window_size", std::nullopt, c.raw("window_size"));
+    s.stochastic_depth_prob = c.number("stochastic_depth_prob", 0.1);
+  }
+  const double mlp_ratio = c.number("mlp_ratio", 4.0);
+  const double dropout = c.number("dropout", 0.0);
+  const double attention_dropout = c.number("attention_dropout", 0.0);
+  const int64_t num_classes = c.integer("num_classes", 1000);
+  c.callable("norm_layer");
+  c.callable("block");
+  c.callable("downsample_layer");
+  c.finish();
+
+  require(patch.size() == 2, c, "patch_size must have 2 entries");
+  require(window.size() == 2, c, "window_size and shift_size must be of length 2");
+  for (int64_t v : patch) require_positive(v, "patch_size", c);
+  for (int64_t v : window) require_positive(v, "window_size", c);
+  require_positive(s.embed_dim, "embed_dim", c);
+  require(!s.depths.empty(), c, "depths must not be empty");
+  require(s.num_heads.size() >= s.depths.size(), c,
+          "num_heads needs one entry per stage (list index out of range)");
+  int64_t total_blocks = 0;
+  for (int64_t d : s.depths) {
+    require(d >= 0, c, "depths entries must be >= 0");
+    total_blocks += d;
+  }
+  // stochastic_depth_prob * id / (total_stage_blocks - 1): ZeroDivisionError with one block.
+  require(total_blocks != 1, c, "float division by zero (sum(depths) == 1)");
+  require(mlp_ratio > 0.0, c, "mlp_ratio=" + py_float(mlp_ratio) + " must be > 0");
+  require_probability(dropout, "dropout", c);
+  require_probability(attention_dropout, "attention_dropout", c);
+  require_probability(s.stochastic_depth_prob, "stochastic_depth_prob", c);
+  require_positive(num_classes, "num_classes", c);
+
+  Net net;
+  net.input("x", ojson::array({"B", 3, "H", "W"}));
+  net.node("features.0.0", "conv2d",
+           {{"in_channels", 3}, {"out_channels", s.embed_dim}, {"kernel_size", patch},
+            {"stride", patch}},
+           {{"x", "x"}});
+  net.node("features.0.1", "permute", {{"dims", {0, 2, 3, 1}}}, {{"x", "features.0.0"}});
+  std::string x = net.node("features.0.2", "layer_norm", {{"eps", 1e-5}}, {{"x", "features.0.1"}});
+  int64_t dim = s.embed_dim;
+  for (size_t stage = 0; stage < s.depths.size(); ++stage) {
+    const int64_t heads = s.num_heads[stage];
+    require_positive(heads, "num_heads", c);
+    require(dim % heads == 0, c,
+            "num_heads[" + str(static_cast<int64_t>(stage)) + "]=" + str(heads) +
+                " must divide the stage width " + str(dim));
+    const std::string S = "features." + str(static_cast<int64_t>(1 + 2 * stage));
+    const int64_t hidden = static_cast<int64_t>(static_cast<double>(dim) * mlp_ratio);  // int()
+    require_positive(hidden, "int(dim * mlp_ratio)", c);
+    for (int64_t j = 0; j < s.depths[stage]; ++j) {
+      const std::string L = dotted(S, str(j));
+      const ojson shift = j % 2 == 0 ? ojson::array({0, 0})
+                                     : ojson::array({window[0] / 2, window[1] / 2});
+      net.node(dotted(L, "norm1"), "layer_norm", {{"eps", 1e-5}}, {{"x", x}});
+      net.node(dotted(L, "attn"), "shifted_window_attention",
+               {{"dim", dim}, {"window_size", window}, {"shift_size", shift}, {"num_heads", heads},
+                {"attention_dropout", attention_dropout}, {"dropout", dropout}},
+               {{"x", dotted(L, "norm1")}});
+      net.node(dotted(L, "residual1"), "add", ojson::object(), {{"a", x}, {"b", dotted(L, "attn")}});
+      net.node(dotted(L, "norm2"), "layer_norm", {{"eps", 1e-5}}, {{"x", dotted(L, "residual1")}});
+      net.node(dotted(L, "mlp.0"), "linear", {{"out_features", hidden}}, {{"x", dotted(L, "norm2")}});
+      net.node(dotted(L, "mlp.1"), "gelu", ojson::object(), {{"x", dotted(L, "mlp.0")}});
+      net.node(dotted(L, "mlp.3"), "linear", {{"out_features", dim}}, {{"x", dotted(L, "mlp.1")}});
+      x = net.node(dotted(L, "residual2"), "add", ojson::object(),
+                   {{"a", dotted(L, "residual1")}, {"b", dotted(L, "mlp.3")}});
+    }
+    if (stage + 1 < s.depths.size()) {
+      const std::string M = "features." + str(static_cast<int64_t>(2 + 2 * stage));
+      net.node(dotted(M, "merge"), "patch_merging_pad", ojson::object(), {{"x", x}});
+      net.node(dotted(M, "norm"), "layer_norm", {{"eps", 1e-5}}, {{"x", dotted(M, "merge")}});
+      x = net.node(dotted(M, "reduction"), "linear", {{"out_features", 2 * dim}, {"bias", false}},
+                   {{"x", dotted(M, "norm")}});
+      dim *= 2;
+    }
+  }
+  net.node("norm", "layer_norm", {{"eps", 1e-5}}, {{"x", x}});
+  net.node("permute", "permute", {{"dims", {0, 3, 1, 2}}}, {{"x", "norm"}});
+  net.node("avgpool", "adaptive_avg_pool2d", {{"output_size", 1}}, {{"x", "permute"}});
+  net.node("flatten", "flatten", {{"start_dim", 1}}, {{"x", "avgpool"}});
+  net.node("head", "linear", {{"out_features", num_classes}}, {{"x", "flatten"}});
+  net.output("y", "head");
   return net.take();
 }
 
@@ -473,7 +621,7 @@ std::string recipe_text(const ojson& network) {
 const std::vector<std::string>& recipe_names() {
   static const std::vector<std::string> names = {
       "vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14", "vision_transformer",
-      "transformer", "gpt"};
+      "swin_t",   "swin_s",   "swin_b",   "swin_transformer", "transformer", "gpt"};
   return names;
 }
 
@@ -484,6 +632,7 @@ ojson make_recipe(const std::string& arch, const std::vector<RecipeSetting>& set
   Config c(arch, settings);
   if (arch == "transformer") return transformer_network(c);
   if (arch == "gpt") return gpt_network(c);
+  if (arch.starts_with("swin")) return swin_network(c, arch);
   return vit_network(c, arch);
 }
 

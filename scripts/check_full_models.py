@@ -68,6 +68,9 @@ MODELS = [
     ("vit_l_16", {}, vision("vit_l_16", {})),
     ("vit_l_32", {}, vision("vit_l_32", {})),
     ("vit_h_14", {}, vision("vit_h_14", {})),
+    ("swin_t", {}, vision("swin_t", {})),
+    ("swin_s", {}, vision("swin_s", {})),
+    ("swin_b", {}, vision("swin_b", {})),
     ("transformer", {}, transformer()),
     ("gpt", {}, gpt()),
 ]

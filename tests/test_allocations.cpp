@@ -323,6 +323,9 @@ std::vector<PlanCase> plan_cases() {
          {"name": "head", "op": "linear", "args": {"out_features": 50, "bias": false},
           "inputs": {"x": "b", "weight": "tok.weight"}}], "outputs": {"y": "head"}})",
        {{"ids", ids({2, 40}, 50, 15)}}},
+      {"patch_merging_pad", R"({"inputs": {"x": [2, 7, 9, 16]}, "nodes": [
+         {"name": "m", "op": "patch_merging_pad", "inputs": {"x": "x"}}], "outputs": {"y": "m"}})",
+       {{"x", randn({2, 7, 9, 16}, 18)}}},
       {"mha causal, no weights (fused)", R"({"inputs": {"q": [1, 300, 64]}, "nodes": [{"name": "m",
          "op": "multihead_attention", "args": {"embed_dim": 64, "num_heads": 4,
          "batch_first": true, "need_weights": false, "is_causal": true},

@@ -3,8 +3,8 @@
 // ids).
 //
 // Fixtures: tests/fixtures/gen_model_fixtures.py builds small configurations of the very
-// PyTorch classes (torchvision 0.14's VisionTransformer, torch.nn.Transformer, the reference
-// GPT) with every parameter drawn at random, and stores their state_dict as is with inputs and
+// PyTorch classes (torchvision 0.14's VisionTransformer and SwinTransformer, torch.nn.Transformer,
+// the reference GPT) with every parameter drawn at random, and stores their state_dict as is with inputs and
 // eval-mode outputs. Each is run here through `make_recipe` -> Model -> Plan, the state_dict
 // loaded strictly (every key used, none missing).
 //
@@ -102,8 +102,8 @@ BOOST_AUTO_TEST_SUITE(models)
 
 BOOST_AUTO_TEST_CASE(recipes_match_pytorch) {
   const std::vector<ModelFixture> all = model_fixtures();
-  // gen_model_fixtures.py writes 6 cases; fewer means the directory is missing or stale.
-  BOOST_TEST(all.size() >= 6u, "only " << all.size() << " fixtures in tests/fixtures/models");
+  // gen_model_fixtures.py writes 8 cases; fewer means the directory is missing or stale.
+  BOOST_TEST(all.size() >= 8u, "only " << all.size() << " fixtures in tests/fixtures/models");
   for (const ModelFixture& f : all) {
     BOOST_TEST_CONTEXT(f.name) {
       Model model(recipe_spec(f.arch, f.settings), std::nullopt);
@@ -266,7 +266,8 @@ BOOST_AUTO_TEST_CASE(full_size_recipes_count_torchs_parameters) {
   // GPT at their defaults, as printed by scripts/check_full_models.py.
   const std::vector<std::pair<std::string, int64_t>> expected = {
       {"vit_b_16", 86567656}, {"vit_b_32", 88224232}, {"vit_l_16", 304326632},
-      {"vit_l_32", 306535400}, {"vit_h_14", 632045800}, {"transformer", 44140544},
+      {"vit_l_32", 306535400}, {"vit_h_14", 632045800}, {"swin_t", 28288354},
+      {"swin_s", 49606258},   {"swin_b", 87768224},    {"transformer", 44140544},
       {"gpt", 124439808}};
   for (const auto& [arch, count] : expected)
     BOOST_TEST(Network::resolve(recipe_spec(arch, {})).parameter_count() == count, arch);

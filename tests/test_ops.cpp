@@ -416,6 +416,42 @@ std::vector<OpCase> parameter_cases() {
   return cases;
 }
 
+// torchvision's _patch_merging_pad written out: out[..., i, j, k*C + c] = x[..., 2i + (k & 1),
+// 2j + (k >> 1), c], zero past H or W.
+std::vector<OpCase> patch_merging_pad_cases() {
+  std::vector<OpCase> cases;
+  for (const Shape& shape : {Shape{2, 4, 6, 3}, Shape{1, 5, 7, 8}, Shape{3, 1, 1, 17},
+                             Shape{2, 2, 3, 4, 9}, Shape{4, 3, 5}, Shape{1, 0, 3, 2}}) {
+    OpCase c;
+    c.inputs = {x_input(shape)};
+    c.tolerance = 0.0;  // copies and zeros
+    c.reference = [](const Inputs& in, const Params&) {
+      const Tensor& x = input(in, "x");
+      const int64_t r = x.dim(), H = x.size(r - 3), W = x.size(r - 2), C = x.size(r - 1);
+      const int64_t Ho = (H + 1) / 2, Wo = (W + 1) / 2, outer = H * W * C != 0 ? x.numel() / (H * W * C) : 0;
+      Shape out = x.shape();
+      out[static_cast<size_t>(r - 3)] = Ho;
+      out[static_cast<size_t>(r - 2)] = Wo;
+      out[static_cast<size_t>(r - 1)] = 4 * C;
+      const std::vector<double> xv = x.to_double_vector();
+      std::vector<double> y(static_cast<size_t>(shape_numel(out)), 0.0);
+      for (int64_t b = 0; b < outer; ++b)
+        for (int64_t i = 0; i < Ho; ++i)
+          for (int64_t j = 0; j < Wo; ++j)
+            for (int64_t k = 0; k < 4; ++k)
+              for (int64_t ch = 0; ch < C; ++ch) {
+                const int64_t h = 2 * i + (k % 2), w = 2 * j + (k / 2);
+                if (h < H && w < W)
+                  y[static_cast<size_t>((((b * Ho + i) * Wo + j) * 4 + k) * C + ch)] =
+                      xv[static_cast<size_t>(((b * H + h) * W + w) * C + ch)];
+              }
+      return std::vector<Expected>{{out, y}};
+    };
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 std::vector<OpCase> add_cases() {
   std::vector<OpCase> cases;
   auto add_inputs = [&](const OpInput& a, const OpInput& b) {
@@ -1628,6 +1664,7 @@ const CaseList kCaseLists[] = {
     {"roll", roll_cases},
     {"pad", pad_cases},
     {"expand", expand_cases},
+    {"patch_merging_pad", patch_merging_pad_cases},
     {"conv2d", conv2d_cases},  // layers/conv.cpp
     {"mean", mean_cases},
     {"adaptive_avg_pool2d", adaptive_avg_pool2d_cases},
