@@ -73,7 +73,7 @@ SwinGeometry geometry(const SwinOptions& o, int64_t B, int64_t H, int64_t W, int
   g.pad_w = W + (o.window_w - W % o.window_w) % o.window_w;
   g.shift_h = o.window_h >= g.pad_h ? 0 : o.shift_h;
   g.shift_w = o.window_w >= g.pad_w ? 0 : o.shift_w;
-  g.masked = g.shift_h + g.shift_w > 0;  // both >= 0: sum(shift_size) > 0 without overflow
+  g.masked = g.shift_h > 0 || g.shift_w > 0;  // both >= 0: sum(shift_size) > 0, no overflow
   g.windows_h = g.pad_h / o.window_h;
   g.windows_w = g.pad_w / o.window_w;
   g.windows = g.windows_h * g.windows_w;
@@ -364,14 +364,16 @@ class SwinAttentionOp : public Op {
     const int64_t H = require_fixed(x.shape[1], "the height H", x, "x", where());
     const int64_t W = require_fixed(x.shape[2], "the width W", x, "x", where());
     // The padded map and every buffer the forward sizes from it fit int64 (B once it is bound).
+    // (4 * B * pH * pW * 3C: the bytes of the qkv buffer.)
+    const Dim& B = x.shape[0];
     int64_t ph = 0, pw = 0, cells = 0, floats = 0;
-    const bool huge = __builtin_add_overflow(H, o_.window_h, &ph) ||
+    const bool huge = (B.is_fixed() && B.value > (int64_t{1} << 40)) ||
+                      __builtin_add_overflow(H, o_.window_h, &ph) ||
                       __builtin_add_overflow(W, o_.window_w, &pw) ||
                       __builtin_mul_overflow(ph, pw, &cells) ||
                       __builtin_mul_overflow(cells, 3 * C, &floats) ||
-                      (x.shape[0].is_fixed() &&
-                       __builtin_mul_overflow(floats, x.shape[0].value * 4, &floats));
-    if (huge || (x.shape[0].is_fixed() && x.shape[0].value > (int64_t{1} << 40)))
+                      (B.is_fixed() && __builtin_mul_overflow(floats, B.value * 4, &floats));
+    if (huge)
       fail(ErrorCode::Shape, where(), named("x", x) + " is too large to partition into windows");
     InferResult r;
     r.outputs.push_back({x.shape, DType::F32});

@@ -1652,6 +1652,7 @@ std::vector<OpCase> shifted_window_attention_cases() {
   add({1, 8, 8, 34}, 2, {4, 4}, {2, 2});                // head_dim 17
   add({1, 14, 14, 32}, 2, {7, 7}, {3, 3});              // Swin-T's 7x7 windows
   add({1, 14, 14, 64}, 2, {7, 7}, {0, 0});              // ... fused path, linear's packed kernel
+  add({1, 8, 8, 8}, 2, {4, 4}, {5, 9});                 // shifts past the window and the map
   add({0, 4, 4, 8}, 2, {2, 2}, {1, 1});                 // empty batch
   add({2, 0, 4, 8}, 2, {2, 2}, {1, 1});                 // empty map
   return cases;
@@ -2706,7 +2707,8 @@ std::string shape_json(const Shape& s) {
 // the relative_position_index buffer, loaded strictly through a one-node network.
 BOOST_AUTO_TEST_CASE(shifted_window_attention_matches_torchvision) {
   const std::string dir = std::string(TESSERA_FIXTURE_DIR) + "/swin/";
-  for (const char* name : {"padded_shifted", "nonsquare_noqkvbias", "unshifted_noprojbias"}) {
+  for (const char* name : {"padded_shifted", "nonsquare_noqkvbias", "unshifted_noprojbias",
+                           "shift_past_window"}) {
     BOOST_TEST_CONTEXT(name) {
       const SafetensorsFile file = SafetensorsFile::open(dir + name + ".safetensors");
       const std::string node = file.metadata().at("node");
@@ -2767,9 +2769,14 @@ BOOST_AUTO_TEST_CASE(shifted_window_attention_index_is_torchvisions) {
 }
 
 BOOST_AUTO_TEST_CASE(shifted_window_attention_results_do_not_depend_on_threads) {
-  const std::string args =
-      R"({"dim": 32, "num_heads": 4, "window_size": 7, "shift_size": 3})";
-  for (const std::string& shape : {std::string("[2, 28, 21, 32]"), std::string("[1, 9, 16, 32]")}) {
+  // Shifted (the core's tiled path with region ids) and not (the fused kernel).
+  const std::pair<const char*, const char*> cases[] = {
+      {"[2, 28, 21, 32]", R"({"dim": 32, "num_heads": 4, "window_size": 7, "shift_size": 3})"},
+      {"[1, 9, 16, 32]", R"({"dim": 32, "num_heads": 4, "window_size": 7, "shift_size": 3})"},
+      {"[2, 28, 21, 32]", R"({"dim": 32, "num_heads": 2, "window_size": [7, 8]})"},
+  };
+  for (const auto& [shape_text, args] : cases) {
+    const std::string shape = shape_text;
     Model model(swin_network("n0", shape, args), 5);
     const Shape s = nlohmann::json::parse(shape).get<Shape>();
     Generator gen(9);
@@ -2811,6 +2818,9 @@ BOOST_AUTO_TEST_CASE(shifted_window_attention_rejects_bad_args_and_shapes) {
                swin(x, "{" + base + R"(, "window_size": [4294967296, 4294967296]})"));
   expect_error(ErrorCode::Constraint, "window_size=[1, 18446744073709551615] does not fit int64",
                swin(x, "{" + base + R"(, "window_size": [1, 18446744073709551615]})"));
+  // Huge shifts: no overflow (torch.roll takes them modulo the size).
+  Network::resolve(swin_network(
+      "n0", x, "{" + base + R"(, "window_size": 4, "shift_size": [9223372036854775807, 9223372036854775807]})"));
   expect_error(ErrorCode::Constraint, "attention_dropout=1.5 must be in [0, 1]",
                swin(x, "{" + base + R"(, "window_size": 4, "attention_dropout": 1.5})"));
   expect_error(ErrorCode::Constraint, "dropout=-0.1 must be in [0, 1]",
