@@ -361,18 +361,21 @@ class SwinAttentionOp : public Op {
     const int64_t C = require_fixed(x.shape[3], "the channel dim C", x, "x", where());
     if (C != o_.dim)
       fail(ErrorCode::Shape, where(), named("x", x) + " has C=" + str(C) + ", dim=" + str(o_.dim));
-    const int64_t H = require_fixed(x.shape[1], "the height H", x, "x", where());
-    const int64_t W = require_fixed(x.shape[2], "the width W", x, "x", where());
+    // H and W may stay open (a Swin recipe takes any image size): nothing the op declares
+    // depends on them, and the size check below runs once they are bound.
+    const bool open_map = !x.shape[1].is_fixed() || !x.shape[2].is_fixed();
+    const int64_t H = open_map ? 0 : x.shape[1].value;
+    const int64_t W = open_map ? 0 : x.shape[2].value;
     // The padded map and every buffer the forward sizes from it fit int64 (B once it is bound).
     // (4 * B * pH * pW * 3C: the bytes of the qkv buffer.)
     const Dim& B = x.shape[0];
     int64_t ph = 0, pw = 0, cells = 0, floats = 0;
-    const bool huge = (B.is_fixed() && B.value > (int64_t{1} << 40)) ||
-                      __builtin_add_overflow(H, o_.window_h, &ph) ||
-                      __builtin_add_overflow(W, o_.window_w, &pw) ||
-                      __builtin_mul_overflow(ph, pw, &cells) ||
-                      __builtin_mul_overflow(cells, 3 * C, &floats) ||
-                      (B.is_fixed() && __builtin_mul_overflow(floats, B.value * 4, &floats));
+    const bool huge = !open_map && ((B.is_fixed() && B.value > (int64_t{1} << 40)) ||
+                                    __builtin_add_overflow(H, o_.window_h, &ph) ||
+                                    __builtin_add_overflow(W, o_.window_w, &pw) ||
+                                    __builtin_mul_overflow(ph, pw, &cells) ||
+                                    __builtin_mul_overflow(cells, 3 * C, &floats) ||
+                                    (B.is_fixed() && __builtin_mul_overflow(floats, B.value * 4, &floats)));
     if (huge)
       fail(ErrorCode::Shape, where(), named("x", x) + " is too large to partition into windows");
     InferResult r;
