@@ -16,6 +16,21 @@ constexpr int64_t relative_position_index(int64_t q, int64_t s, int64_t grid_h, 
          grid_w - 1;
 }
 
+// Swin's shifted-window region, along one axis of length n (the padded map) with window
+// `window` and shift `shift` >= 0, of coordinate p: the last of torchvision's slices
+// (0, -window), (-window, -shift), (-shift, None) (Python slice bounds: a negative bound counts
+// from the end, then clamps to [0, n]; -0 is 0) that holds p, 0..2. A token's region id is
+// 3 * region(y) + region(x) (the last (h, w) slice pair of the loop that labels the mask).
+constexpr int64_t shifted_window_region(int64_t p, int64_t n, int64_t window, int64_t shift) {
+  auto bound = [n](int64_t v) { return v < 0 ? (v + n < 0 ? 0 : v + n) : (v > n ? n : v); };
+  const int64_t starts[3] = {0, bound(-window), bound(-shift)};
+  const int64_t stops[3] = {bound(-window), bound(-shift), n};
+  int64_t region = 0;
+  for (int64_t k = 0; k < 3; ++k)
+    if (p >= starts[k] && p < stops[k]) region = k;
+  return region;
+}
+
 // One query tile of one (batch, head) for the fused attention kernel: rows of q at positions
 // q_pos0 .. q_pos0+rows-1 against all kv_len keys, online softmax, never materialising
 // [rows, kv_len]. Row r of q/out/mask is at ptr + r*stride; key/value s at ptr + s*stride.

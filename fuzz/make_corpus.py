@@ -272,6 +272,16 @@ SMALL = {
         ("logits", "linear", {"out_features": 5, "bias": False},
          {"x": "blocks.0.scaled", "weight": "tok.weight"}),
     ], {"logits": "logits"}),
+    # Swin's (shifted) window attention: padded 5x7 map, 4x4 windows, then a non-square window
+    # with the H shift dropped (window covers the padded height); module-path node names.
+    "swin_window_attention": net({"x": [1, 5, 7, 8]}, [
+        ("features.1.0.attn", "shifted_window_attention",
+         {"dim": 8, "window_size": [4, 4], "shift_size": [2, 2], "num_heads": 2}, {"x": "x"}),
+        ("features.1.1.attn", "shifted_window_attention",
+         {"dim": 8, "window_size": [8, 3], "shift_size": 1, "num_heads": 1, "qkv_bias": False,
+          "proj_bias": False, "attention_dropout": 0.0, "dropout": 0.1},
+         {"x": "features.1.0.attn"}),
+    ], {"y": "features.1.1.attn"}),
     "matmul_broadcast": net({"a": ["B", 1, 4, 3], "b": [5, 3, 2], "v": [3], "u": [4]}, [
         ("p", "matmul", {}, {"a": "a", "b": "b"}),
         ("mv", "matmul", {}, {"a": "a", "b": "v"}),
@@ -364,7 +374,8 @@ def run_seeds():
 
     # Added later than the seeds above, so that their random draws stay as they were.
     for name in ["relu", "layout_window", "layout_merge", "layout_tokens", "conv_patch_mean",
-                 "conv_strided_pool", "math_ops", "matmul_broadcast", "gpt_parts"]:
+                 "conv_strided_pool", "math_ops", "matmul_broadcast", "gpt_parts",
+                 "swin_window_attention"]:
         n = SMALL[name]
         text = json.dumps(n, separators=(",", ":")).encode()
         write("run", name + "_random_init", run_seed(1, text, b"", input_file(n)))

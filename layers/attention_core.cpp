@@ -37,8 +37,10 @@ int64_t tile_scores_floats(int64_t rows, int64_t kv_len) {
 }
 
 // need_weights=false and no dropout, with a fused kernel: the flash path.
+// A region mask (AttentionArgs::region) runs on the tiled path: the kernel takes no region ids.
 bool fused_path(const KernelTable& k, const AttentionArgs& a) {
-  return !a.need_weights && a.dropout_p == 0.0f && k.flash_attention_f32 != nullptr;
+  return !a.need_weights && a.dropout_p == 0.0f && k.flash_attention_f32 != nullptr &&
+         a.region_groups == 0;
 }
 
 uint64_t mix64(uint64_t z) {
@@ -188,7 +190,7 @@ int64_t head_tile(const KernelTable& k, const AttentionArgs& a, int64_t b, int64
       a.mask ? a.mask + b * a.mask_batch_stride + h * a.mask_head_stride + l0 * a.mask_row_stride
              : nullptr;
   int64_t mask_row_stride = a.mask_row_stride;
-  if (a.rel_table) {
+  if (a.rel_table && !a.region) {
     // This tile's [rows, kv_vis] additive term: mask (if any) + bias, as the fused kernel.
     const float* table = a.rel_table + h * a.rel_head_stride;
     for (int64_t r = 0; r < rows; ++r) {
@@ -196,6 +198,22 @@ int64_t head_tile(const KernelTable& k, const AttentionArgs& a, int64_t b, int64
       for (int64_t s = 0; s < kv_vis; ++s) {
         const float m = mask ? mask[r * a.mask_row_stride + s] : 0.0f;
         dst[s] = m + table[relative_position_index(l0 + r, s, a.grid_h, a.grid_w)];
+      }
+    }
+    mask = bias_rows;
+    mask_row_stride = kv_vis;
+  } else if (a.region) {
+    // mask (if any) + bias (if any) + the region penalty between tokens of different regions.
+    const float* table = a.rel_table ? a.rel_table + h * a.rel_head_stride : nullptr;
+    const int32_t* region = a.region + (b % a.region_groups) * a.q_len;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* dst = bias_rows + r * kv_vis;
+      const int32_t rl = region[l0 + r];
+      for (int64_t s = 0; s < kv_vis; ++s) {
+        float v = mask ? mask[r * a.mask_row_stride + s] : 0.0f;
+        if (table) v += table[relative_position_index(l0 + r, s, a.grid_h, a.grid_w)];
+        if (region[s] != rl) v += a.region_penalty;
+        dst[s] = v;
       }
     }
     mask = bias_rows;
@@ -238,7 +256,7 @@ void attention_averaged_weights_f32(const KernelTable& k, const AttentionArgs& a
   parallel_for(0, a.batch * tiles, 1, [&](int64_t t0, int64_t t1) {
     const WorkerScratch::Lease lease = scratch.tiles.acquire();
     float* scores = lease.as<float>();
-    float* bias = a.rel_table ? scores + tile_floats : nullptr;
+    float* bias = a.rel_table || a.region ? scores + tile_floats : nullptr;
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t b = task / tiles, l0 = (task % tiles) * tile;
       const int64_t rows = std::min(tile, L - l0);
@@ -290,7 +308,7 @@ AttentionScratch attention_scratch(const Device& device, const AttentionArgs& a,
       averaged ? averaged_tile_rows(a.kv_len) : query_tile_rows(a.kv_len), a.kv_len);
   // The bias tile follows the scores tile (reserved even when the weights are the output, so
   // the bias is at one offset on every path). grid_h > 0: a bias table is (or will be) given.
-  const bool bias = a.grid_h > 0;
+  const bool bias = a.grid_h > 0 || a.region_groups > 0;
   const int64_t floats = bias ? 2 * tile_floats : (averaged || !a.need_weights ? tile_floats : 0);
   s.tiles = WorkerScratch(ws, sizeof(float) * static_cast<size_t>(floats), threads);
   return s;
@@ -318,7 +336,7 @@ void attention_forward_f32(const Device& device, const AttentionArgs& a,
     // One scores tile (unless the weights are the output) and one bias tile per chunk.
     const WorkerScratch::Lease lease = scratch.tiles.acquire();
     float* scores = lease.as<float>();
-    float* bias = a.rel_table ? scores + tile_floats : nullptr;
+    float* bias = a.rel_table || a.region ? scores + tile_floats : nullptr;
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t b = task / (a.heads * tiles_per_head);
       const int64_t h = (task / tiles_per_head) % a.heads;

@@ -43,6 +43,15 @@ struct AttentionArgs {
   const float* rel_table = nullptr;
   int64_t rel_head_stride = 0;
   int64_t grid_h = 0, grid_w = 0;
+  // Optional region mask for self-attention over windows (Swin's shifted windows, L == S):
+  // token t of batch element b lies in region region[(b % region_groups) * q_len + t], and
+  // score (b, h, l, s) gets region_penalty added when the regions of l and s differ (after the
+  // mask and the bias). The ids are computed per window from its position by the layer; no
+  // [windows, L, S] mask is built. region_groups > 0 says a region mask is (or will be) given:
+  // set it when sizing the scratch. Runs on the tiled path (the fused kernel takes no ids).
+  const int32_t* region = nullptr;
+  int64_t region_groups = 0;
+  float region_penalty = -100.0f;
   // Query l sees keys s <= l (upper-left aligned when L != S). Combines with mask (sum).
   bool causal = false;
 

@@ -46,6 +46,7 @@ std::unique_ptr<Op> make_sigmoid_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_softmax_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_dropout_op(const NetworkNode&, const std::string&);
 std::unique_ptr<Op> make_matmul_op(const NetworkNode&, const std::string&);
+std::unique_ptr<Op> make_shifted_window_attention_op(const NetworkNode&, const std::string&);
 
 namespace {
 
@@ -92,6 +93,7 @@ constexpr OpEntry kOps[] = {
     {"softmax", make_softmax_op},                          // layers/elementwise.cpp
     {"dropout", make_dropout_op},                          // layers/elementwise.cpp
     {"matmul", make_matmul_op},                            // layers/matmul.cpp
+    {"shifted_window_attention", make_shifted_window_attention_op},  // layers/swin_attention.cpp
 };
 
 }  // namespace

@@ -633,4 +633,145 @@ MhaReference multihead_attention(const MultiheadAttentionOptions& o,
   return r;
 }
 
+std::vector<int64_t> swin_relative_position_index(int64_t Wh, int64_t Ww) {
+  // coords = stack(meshgrid(arange(Wh), arange(Ww), indexing="ij")).flatten(1): [2, N];
+  // rel = coords[:, :, None] - coords[:, None, :] -> [N, N, 2]; rel[..., 0] += Wh - 1,
+  // rel[..., 1] += Ww - 1, rel[..., 0] *= 2 Ww - 1; index = rel.sum(-1).flatten().
+  const int64_t N = Wh * Ww;
+  std::vector<int64_t> cy(static_cast<size_t>(N)), cx(static_cast<size_t>(N));
+  for (int64_t i = 0; i < Wh; ++i)
+    for (int64_t j = 0; j < Ww; ++j) {
+      cy[static_cast<size_t>(i * Ww + j)] = i;
+      cx[static_cast<size_t>(i * Ww + j)] = j;
+    }
+  std::vector<int64_t> index(static_cast<size_t>(N * N));
+  for (int64_t a = 0; a < N; ++a)
+    for (int64_t b = 0; b < N; ++b) {
+      const int64_t r0 = (cy[static_cast<size_t>(a)] - cy[static_cast<size_t>(b)] + Wh - 1) *
+                         (2 * Ww - 1);
+      const int64_t r1 = cx[static_cast<size_t>(a)] - cx[static_cast<size_t>(b)] + Ww - 1;
+      index[static_cast<size_t>(a * N + b)] = r0 + r1;
+    }
+  return index;
+}
+
+namespace {
+
+// Python's slice(start, stop) bounds on a length-n axis; has_stop false is None.
+std::pair<int64_t, int64_t> py_slice(int64_t start, int64_t stop, bool has_stop, int64_t n) {
+  auto norm = [n](int64_t v) { return v < 0 ? std::max<int64_t>(v + n, 0) : std::min(v, n); };
+  return {norm(start), has_stop ? norm(stop) : n};
+}
+
+}  // namespace
+
+std::vector<double> shifted_window_attention(const SwinOptionsRef& o,
+                                             const std::map<std::string, Tensor>& params,
+                                             const Tensor& x) {
+  const int64_t B = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3);
+  const int64_t Wh = o.window_h, Ww = o.window_w, heads = o.heads, hd = C / heads;
+  const std::vector<double> xv = x.to_double_vector();
+  // pad_r, pad_b; F.pad with zeros.
+  const int64_t pad_r = (Ww - W % Ww) % Ww, pad_b = (Wh - H % Wh) % Wh;
+  const int64_t pH = H + pad_b, pW = W + pad_r;
+  std::vector<double> xp(static_cast<size_t>(B * pH * pW * C), 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < H; ++i)
+      for (int64_t j = 0; j < W; ++j)
+        for (int64_t c = 0; c < C; ++c)
+          xp[static_cast<size_t>(((b * pH + i) * pW + j) * C + c)] =
+              xv[static_cast<size_t>(((b * H + i) * W + j) * C + c)];
+  int64_t sh = o.shift_h, sw = o.shift_w;
+  if (Wh >= pH) sh = 0;
+  if (Ww >= pW) sw = 0;
+  // torch.roll(x, shifts=(-sh, -sw), dims=(1, 2)): out[i] = in[(i + sh) mod pH].
+  std::vector<double> xr = xp;
+  if (sh + sw > 0)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < pH; ++i)
+        for (int64_t j = 0; j < pW; ++j)
+          for (int64_t c = 0; c < C; ++c)
+            xr[static_cast<size_t>(((b * pH + i) * pW + j) * C + c)] =
+                xp[static_cast<size_t>(((b * pH + (i + sh) % pH) * pW + (j + sw) % pW) * C + c)];
+  // Partition: view(B, pH/Wh, Wh, pW/Ww, Ww, C).permute(0, 1, 3, 2, 4, 5) -> [B*nW, N, C].
+  const int64_t nWh = pH / Wh, nWw = pW / Ww, nW = nWh * nWw, N = Wh * Ww, BW = B * nW;
+  std::vector<double> xw(static_cast<size_t>(BW * N * C));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t a = 0; a < nWh; ++a)
+      for (int64_t e = 0; e < nWw; ++e)
+        for (int64_t i = 0; i < Wh; ++i)
+          for (int64_t j = 0; j < Ww; ++j)
+            for (int64_t c = 0; c < C; ++c)
+              xw[static_cast<size_t>((((b * nW + a * nWw + e) * N) + i * Ww + j) * C + c)] =
+                  xr[static_cast<size_t>(((b * pH + a * Wh + i) * pW + e * Ww + j) * C + c)];
+  auto need = [&](const std::string& name) {
+    BOOST_REQUIRE_MESSAGE(params.count(name), "shifted_window_attention has no " << name);
+    return param(params, name);
+  };
+  const std::vector<double> qkv =
+      linear(xw, BW * N, C, need("qkv.weight"), 3 * C, param(params, "qkv.bias"));
+  const std::vector<double> table = need("relative_position_bias_table");
+  const std::vector<int64_t> index = swin_relative_position_index(Wh, Ww);
+  // The region mask, as torchvision labels it: count over (h, w) slice pairs, later ones win.
+  std::vector<double> label(static_cast<size_t>(pH * pW), 0.0);
+  const bool masked = sh + sw > 0;
+  if (masked) {
+    const std::pair<int64_t, int64_t> hs[3] = {py_slice(0, -Wh, true, pH),
+                                               py_slice(-Wh, -sh, true, pH),
+                                               py_slice(-sh, 0, false, pH)};
+    const std::pair<int64_t, int64_t> ws[3] = {py_slice(0, -Ww, true, pW),
+                                               py_slice(-Ww, -sw, true, pW),
+                                               py_slice(-sw, 0, false, pW)};
+    int count = 0;
+    for (const auto& h : hs)
+      for (const auto& w : ws) {
+        for (int64_t i = h.first; i < h.second; ++i)
+          for (int64_t j = w.first; j < w.second; ++j)
+            label[static_cast<size_t>(i * pW + j)] = count;
+        ++count;
+      }
+  }
+  std::vector<double> ctx(static_cast<size_t>(BW * N * C));
+  std::vector<double> q(static_cast<size_t>(N * hd)), bias(static_cast<size_t>(N * N));
+  for (int64_t bw = 0; bw < BW; ++bw) {
+    const int64_t w = bw % nW, a = w / nWw, e = w % nWw;
+    for (int64_t h = 0; h < heads; ++h) {
+      const double* base = qkv.data() + bw * N * 3 * C;
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t d = 0; d < hd; ++d)
+          q[static_cast<size_t>(t * hd + d)] =
+              base[t * 3 * C + h * hd + d] * std::pow(static_cast<double>(hd), -0.5);
+      for (int64_t l = 0; l < N; ++l)
+        for (int64_t s2 = 0; s2 < N; ++s2) {
+          double m = table[static_cast<size_t>(index[static_cast<size_t>(l * N + s2)] * heads + h)];
+          if (masked) {
+            const double ll = label[static_cast<size_t>((a * Wh + l / Ww) * pW + e * Ww + l % Ww)];
+            const double ls = label[static_cast<size_t>((a * Wh + s2 / Ww) * pW + e * Ww + s2 % Ww)];
+            if (ls - ll != 0.0) m += -100.0;
+          }
+          bias[static_cast<size_t>(l * N + s2)] = m;
+        }
+      attention_head(N, N, hd, hd, 1.0, q.data(), hd, base + C + h * hd, 3 * C,
+                     base + 2 * C + h * hd, 3 * C, bias.data(), nullptr,
+                     ctx.data() + bw * N * C + h * hd, C);
+    }
+  }
+  const std::vector<double> y =
+      linear(ctx, BW * N, C, need("proj.weight"), C, param(params, "proj.bias"));
+  // Reverse windows, roll by (+sh, +sw), crop.
+  std::vector<double> out(static_cast<size_t>(B * H * W * C));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < H; ++i)
+      for (int64_t j = 0; j < W; ++j) {
+        // roll by +sh: out[i] = in[(i - sh) mod pH].
+        const int64_t ri = masked ? ((i - sh) % pH + pH) % pH : i;
+        const int64_t rj = masked ? ((j - sw) % pW + pW) % pW : j;
+        const int64_t win = (ri / Wh) * nWw + rj / Ww, t = (ri % Wh) * Ww + rj % Ww;
+        for (int64_t c = 0; c < C; ++c)
+          out[static_cast<size_t>(((b * H + i) * W + j) * C + c)] =
+              y[static_cast<size_t>(((b * nW + win) * N + t) * C + c)];
+      }
+  return out;
+}
+
 }  // namespace tessera::f64

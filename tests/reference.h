@@ -156,4 +156,20 @@ MhaReference multihead_attention(const MultiheadAttentionOptions& o,
                                  const Tensor& key_padding_mask, const Tensor& attn_mask,
                                  bool is_causal);
 
+// torchvision 0.14's shifted_window_attention() (Swin V1, eval mode) on x [B, H, W, C], written
+// from its code in float64: zero padding to window multiples, the shift dropped where the window
+// covers the padded map, torch.roll, window partition, q * head_dim^-0.5, the bias gathered
+// through relative_position_index built from coordinates as define_relative_position_index
+// does, the -100 region mask labelled with Python slices, softmax, proj, reverse, roll back,
+// crop. Parameters by their state_dict names (qkv.bias / proj.bias may be absent). Returns
+// [B, H, W, C].
+struct SwinOptionsRef {
+  int64_t heads = 1, window_h = 1, window_w = 1, shift_h = 0, shift_w = 0;
+};
+std::vector<double> shifted_window_attention(const SwinOptionsRef& o,
+                                             const std::map<std::string, Tensor>& params,
+                                             const Tensor& x);
+// torchvision's relative_position_index for a Wh x Ww window, flattened ([N*N]).
+std::vector<int64_t> swin_relative_position_index(int64_t window_h, int64_t window_w);
+
 }  // namespace tessera::f64

@@ -366,6 +366,13 @@ std::vector<PlanCase> plan_cases() {
         {"b", randn({3, 40, 40}, 19)},
         {"c", randn({300, 130}, 20)},
         {"d", randn({130, 600}, 21)}}},
+      {"shifted_window_attention (shifted: tiled core; unshifted: fused)", R"({"inputs":
+         {"x": [2, 14, 13, 64]}, "nodes": [
+         {"name": "s", "op": "shifted_window_attention", "args": {"dim": 64, "num_heads": 4,
+          "window_size": 7, "shift_size": 3}, "inputs": {"x": "x"}},
+         {"name": "w", "op": "shifted_window_attention", "args": {"dim": 64, "num_heads": 2,
+          "window_size": [4, 7]}, "inputs": {"x": "s"}}], "outputs": {"y": "w"}})",
+       {{"x", randn({2, 14, 13, 64}, 22)}}},
   };
 }
 

@@ -46,6 +46,8 @@
 //   linear         1e-5: float32 dot products of <= 200 terms (~sqrt(k) ulp of sum |x w|).
 //   attention,     1e-5: mha_semantics.md's float32 tolerance; float32 projections (as linear)
 //   MHA            and an exp of ~5e-7 relative error.
+//   shifted_window 1e-5: as attention (the same core and projections over windows of <= 49
+//   _attention     tokens; the -100 region mask leaves those weights at ~e^-100, i.e. zero).
 //   conv2d         1e-5: as linear, float32 dot products of C/groups*kh*kw <= 768 terms (ViT's
 //                  16x16x3 patches), one FMA chain each (~sqrt(k) ulp of sum |x w|).
 //   mean,          1e-7: sums in double, one rounding to float32 (<= 2^-24 = 6e-8 relative;
@@ -81,6 +83,7 @@
 #include "core/text.h"
 #include "core/workspace.h"
 #include "io/network_file.h"
+#include "io/safetensors.h"
 #include "layers/attention.h"
 #include "layers/conv.h"
 #include "layers/multihead_attention.h"
@@ -1640,6 +1643,57 @@ std::vector<OpCase> adaptive_avg_pool2d_cases() {
   return cases;
 }
 
+// torchvision's ShiftedWindowAttention: x [B, H, W, C]; window and shift as [h, w].
+std::vector<OpCase> shifted_window_attention_cases() {
+  std::vector<OpCase> cases;
+  auto add = [&](Shape x, int64_t heads, std::pair<int64_t, int64_t> window,
+                 std::pair<int64_t, int64_t> shift, bool qkv_bias = true, bool proj_bias = true,
+                 bool int_args = false) {
+    OpCase c;
+    const int64_t C = x.back();
+    c.args["dim"] = C;
+    c.args["window_size"] = int_args ? ojson(window.first) : ojson::array({window.first, window.second});
+    if (shift.first != 0 || shift.second != 0)
+      c.args["shift_size"] = int_args ? ojson(shift.first) : ojson::array({shift.first, shift.second});
+    c.args["num_heads"] = heads;
+    if (!qkv_bias) c.args["qkv_bias"] = false;
+    if (!proj_bias) c.args["proj_bias"] = false;
+    c.inputs = {x_input(std::move(x))};
+    f64::SwinOptionsRef o;
+    o.heads = heads;
+    o.window_h = window.first;
+    o.window_w = window.second;
+    o.shift_h = shift.first;
+    o.shift_w = shift.second;
+    c.reference = [o, qkv_bias, proj_bias](const Inputs& in, const Params& p) {
+      BOOST_TEST(p.count("qkv.bias") == (qkv_bias ? 1u : 0u));
+      BOOST_TEST(p.count("proj.bias") == (proj_bias ? 1u : 0u));
+      const Tensor& x = input(in, "x");
+      return std::vector<Expected>{{x.shape(), f64::shifted_window_attention(o, p, x)}};
+    };
+    cases.push_back(c);
+  };
+  add({1, 4, 4, 8}, 2, {2, 2}, {0, 0});                 // W-MSA, no padding
+  add({2, 4, 4, 8}, 2, {2, 2}, {1, 1});                 // SW-MSA
+  add({1, 7, 5, 16}, 2, {4, 4}, {2, 2});                // padded to 8x8, shifted
+  add({2, 7, 5, 16}, 4, {4, 4}, {0, 0});                // padded, not shifted
+  add({1, 3, 3, 8}, 1, {4, 4}, {2, 2});                 // window >= padded map: shift forced 0
+  add({1, 3, 9, 8}, 2, {4, 4}, {2, 2});                 // forced 0 in H only (mask on W only)
+  add({1, 6, 8, 12}, 3, {3, 4}, {1, 2});                // non-square window
+  add({2, 5, 7, 6}, 2, {2, 3}, {1, 1}, false, true);    // no qkv bias, padded
+  add({1, 4, 6, 8}, 2, {2, 3}, {1, 2}, true, false);    // no proj bias
+  add({1, 6, 6, 16}, 4, {3, 3}, {1, 1}, false, false, true);  // int args
+  for (const int64_t C : kTails)
+    add({1, 5, 6, C}, 1, {3, 3}, {1, 1});               // SIMD tails as head_dim
+  add({1, 8, 8, 34}, 2, {4, 4}, {2, 2});                // head_dim 17
+  add({1, 14, 14, 32}, 2, {7, 7}, {3, 3});              // Swin-T's 7x7 windows
+  add({1, 14, 14, 64}, 2, {7, 7}, {0, 0});              // ... fused path, linear's packed kernel
+  add({1, 8, 8, 8}, 2, {4, 4}, {5, 9});                 // shifts past the window and the map
+  add({0, 4, 4, 8}, 2, {2, 2}, {1, 1});                 // empty batch
+  add({2, 0, 4, 8}, 2, {2, 2}, {1, 1});                 // empty map
+  return cases;
+}
+
 // Every op of the ops table and its cases. Adding an op: add its case list here.
 struct CaseList {
   const char* op;
@@ -1673,6 +1727,7 @@ const CaseList kCaseLists[] = {
     {"silu", silu_cases},           {"tanh", tanh_cases},
     {"sigmoid", sigmoid_cases},     {"softmax", softmax_cases},
     {"dropout", dropout_cases},     {"matmul", matmul_cases},
+    {"shifted_window_attention", shifted_window_attention_cases},
 };
 
 // ---------------------------------------------------------------- the harness
@@ -2667,6 +2722,179 @@ BOOST_AUTO_TEST_CASE(math_ops_reject_bad_args_and_shapes) {
                  Network::resolve(parse_network(open, "test.json"), {{"a", {2, 3}}});
                });
   Network::resolve(parse_network(open, "test.json"), {{"a", {2, 4}}});
+}
+
+// ---------------------------------------------------------------- shifted_window_attention
+
+// A one-node network: `node` (shifted_window_attention, `args`) on x of this JSON shape.
+NetworkSpec swin_network(const std::string& node, const std::string& x, const std::string& args) {
+  return parse_network(std::string(R"({"inputs": {"x": )") + x + R"(}, "nodes": [{"name": ")" +
+                           node + R"(", "op": "shifted_window_attention", "args": )" + args +
+                           R"(, "inputs": {"x": "x"}}], "outputs": {"y": ")" + node + R"("}})",
+                       "test.json");
+}
+
+std::string shape_json(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// tests/fixtures/swin/: torchvision's module (gen_swin_fixtures.py), its whole state_dict with
+// the relative_position_index buffer, loaded strictly through a one-node network.
+BOOST_AUTO_TEST_CASE(shifted_window_attention_matches_torchvision) {
+  const std::string dir = std::string(TESSERA_FIXTURE_DIR) + "/swin/";
+  for (const char* name : {"padded_shifted", "nonsquare_noqkvbias", "unshifted_noprojbias",
+                           "shift_past_window"}) {
+    BOOST_TEST_CONTEXT(name) {
+      const SafetensorsFile file = SafetensorsFile::open(dir + name + ".safetensors");
+      const std::string node = file.metadata().at("node");
+      std::map<std::string, Tensor> state = file.tensors();
+      const Tensor x = state.at("x"), ref = state.at("out");
+      state.erase("x");
+      state.erase("out");
+      BOOST_TEST(state.count(node + ".relative_position_index") == 1u);
+      Model model(swin_network(node, shape_json(x.shape()), file.metadata().at("config")), 7);
+      const WeightsReport r = model.load_weights(state, /*strict=*/true, name);
+      BOOST_TEST(r.missing.empty());
+      BOOST_TEST(r.unexpected.empty());
+      Plan plan(model, {{"x", TensorDesc{x.shape(), DType::F32}}});
+      const Tensor out = plan.run({{"x", x}})[0].second;
+      const std::vector<double> y = out.to_double_vector(), want = ref.to_double_vector();
+      BOOST_REQUIRE_EQUAL(y.size(), want.size());
+      double worst = 0.0, ref_max = 0.0;
+      for (size_t i = 0; i < y.size(); ++i) {
+        worst = std::max(worst, std::abs(y[i] - want[i]));
+        ref_max = std::max(ref_max, std::abs(want[i]));
+      }
+      BOOST_TEST_MESSAGE("swin fixture " << name << ": max |y - torch| = " << worst
+                                         << " (max |ref| " << ref_max << ")");
+      BOOST_TEST(worst <= 1e-5 * std::max(1.0, ref_max));
+
+      // A relative_position_index other than the one the arguments give is E_WEIGHTS; an absent
+      // one is fine.
+      std::map<std::string, Tensor> wrong = state;
+      Tensor index = state.at(node + ".relative_position_index").clone();
+      index.data<int64_t>()[1] += 1;
+      wrong[node + ".relative_position_index"] = index;
+      Model other(swin_network(node, shape_json(x.shape()), file.metadata().at("config")), 7);
+      expect_error(ErrorCode::Weights, node + ".relative_position_index (a buffer",
+                   [&] { other.load_weights(wrong, true, "w.safetensors"); });
+      wrong.erase(node + ".relative_position_index");
+      BOOST_TEST(other.load_weights(wrong, true, "w.safetensors").missing.empty());
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(shifted_window_attention_index_is_torchvisions) {
+  // The op's buffer against the reference's coordinate construction, for square and not.
+  for (const auto& [wh, ww] : {std::pair<int64_t, int64_t>{7, 7}, {3, 4}, {1, 5}, {2, 1}}) {
+    const std::string args = R"({"dim": 4, "num_heads": 1, "window_size": [)" +
+                             std::to_string(wh) + ", " + std::to_string(ww) + "]}";
+    const Network net = Network::resolve(swin_network("n0", "[1, 8, 8, 4]", args));
+    const auto buffers = net.nodes()[0].op->persistent_buffers();
+    BOOST_REQUIRE_EQUAL(buffers.size(), 1u);
+    BOOST_TEST(buffers[0].first == "relative_position_index");
+    BOOST_TEST((buffers[0].second.dtype() == DType::I64));
+    const Tensor& t = buffers[0].second;
+    const std::vector<int64_t> want = f64::swin_relative_position_index(wh, ww);
+    BOOST_REQUIRE_EQUAL(t.numel(), static_cast<int64_t>(want.size()));
+    BOOST_TEST((t.shape() == Shape{wh * ww * wh * ww}));
+    for (size_t i = 0; i < want.size(); ++i)
+      BOOST_TEST(t.data<int64_t>()[i] == want[i]);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(shifted_window_attention_results_do_not_depend_on_threads) {
+  // Shifted (the core's tiled path with region ids) and not (the fused kernel).
+  const std::pair<const char*, const char*> cases[] = {
+      {"[2, 28, 21, 32]", R"({"dim": 32, "num_heads": 4, "window_size": 7, "shift_size": 3})"},
+      {"[1, 9, 16, 32]", R"({"dim": 32, "num_heads": 4, "window_size": 7, "shift_size": 3})"},
+      {"[2, 28, 21, 32]", R"({"dim": 32, "num_heads": 2, "window_size": [7, 8]})"},
+  };
+  for (const auto& [shape_text, args] : cases) {
+    const std::string shape = shape_text;
+    Model model(swin_network("n0", shape, args), 5);
+    const Shape s = nlohmann::json::parse(shape).get<Shape>();
+    Generator gen(9);
+    const Tensor x = Tensor::randn(s, gen);
+    std::vector<Tensor> ys;
+    for (const int threads : {1, 2}) {
+      set_num_threads(threads);
+      Plan plan(model, {{"x", TensorDesc{s, DType::F32}}});
+      ys.push_back(plan.run({{"x", x}})[0].second.clone());
+    }
+    set_num_threads(0);
+    BOOST_TEST(bitwise_equal(ys[0], ys[1]), shape);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(shifted_window_attention_rejects_bad_args_and_shapes) {
+  auto swin = [](const std::string& x, const std::string& args) {
+    return [x, args] { Network::resolve(swin_network("n0", x, args)); };
+  };
+  const std::string x = "[1, 8, 8, 16]";
+  const std::string base = R"("dim": 16, "num_heads": 2)";
+  expect_error(ErrorCode::Constraint, "n0 (shifted_window_attention): num_heads=3 must divide dim=16",
+               swin(x, R"({"dim": 16, "num_heads": 3, "window_size": 4})"));
+  expect_error(ErrorCode::Constraint, "num_heads=0 must be >= 1",
+               swin(x, R"({"dim": 16, "num_heads": 0, "window_size": 4})"));
+  expect_error(ErrorCode::Constraint, "dim=0 must be >= 1",
+               swin(x, R"({"dim": 0, "num_heads": 1, "window_size": 4})"));
+  expect_error(ErrorCode::Constraint, "window_size=[4, 4, 4] must have length 2",
+               swin(x, "{" + base + R"(, "window_size": [4, 4, 4]})"));
+  expect_error(ErrorCode::Constraint, "shift_size=[2] must have length 2",
+               swin(x, "{" + base + R"(, "window_size": 4, "shift_size": [2]})"));
+  expect_error(ErrorCode::Constraint, "window_size=[0, 4] must be >= 1",
+               swin(x, "{" + base + R"(, "window_size": [0, 4]})"));
+  expect_error(ErrorCode::Constraint, "shift_size=-1 must be >= 0",
+               swin(x, "{" + base + R"(, "window_size": 4, "shift_size": -1})"));
+  expect_error(ErrorCode::Constraint, "must hold at most 4096 tokens",
+               swin(x, "{" + base + R"(, "window_size": [65, 64]})"));
+  expect_error(ErrorCode::Constraint, "must hold at most 4096 tokens",
+               swin(x, "{" + base + R"(, "window_size": [4294967296, 4294967296]})"));
+  expect_error(ErrorCode::Constraint, "window_size=[1, 18446744073709551615] does not fit int64",
+               swin(x, "{" + base + R"(, "window_size": [1, 18446744073709551615]})"));
+  // Huge shifts: no overflow (torch.roll takes them modulo the size).
+  Network::resolve(swin_network(
+      "n0", x, "{" + base + R"(, "window_size": 4, "shift_size": [9223372036854775807, 9223372036854775807]})"));
+  expect_error(ErrorCode::Constraint, "attention_dropout=1.5 must be in [0, 1]",
+               swin(x, "{" + base + R"(, "window_size": 4, "attention_dropout": 1.5})"));
+  expect_error(ErrorCode::Constraint, "dropout=-0.1 must be in [0, 1]",
+               swin(x, "{" + base + R"(, "window_size": 4, "dropout": -0.1})"));
+  expect_error(ErrorCode::Arg, "missing required argument window_size", swin(x, "{" + base + "}"));
+  expect_error(ErrorCode::Arg, "missing required argument num_heads",
+               swin(x, R"({"dim": 16, "window_size": 4})"));
+  expect_error(ErrorCode::Arg, "argument window_size must be an int or a list of 2 ints",
+               swin(x, "{" + base + R"(, "window_size": "7"})"));
+  expect_error(ErrorCode::Arg, "argument shift_size must be an int or a list of 2 ints",
+               swin(x, "{" + base + R"(, "window_size": 4, "shift_size": [1.5, 1]})"));
+  expect_error(ErrorCode::Arg, "argument qkv_bias must be a boolean",
+               swin(x, "{" + base + R"(, "window_size": 4, "qkv_bias": 1})"));
+  expect_error(ErrorCode::Arg, "unknown argument",
+               swin(x, "{" + base + R"(, "window_size": 4, "logit_scale": 1})"));
+  expect_error(ErrorCode::Shape, "x [1, 8, 8, 12] has C=12, dim=16",
+               swin("[1, 8, 8, 12]", "{" + base + R"(, "window_size": 4})"));
+  expect_error(ErrorCode::Shape, "is not [B, H, W, C]",
+               swin("[8, 8, 16]", "{" + base + R"(, "window_size": 4})"));
+  // An open H (any image size) resolves, with the output shape of x.
+  swin(R"([1, "H", 8, 16])", "{" + base + R"(, "window_size": 4})")();
+  expect_error(ErrorCode::Shape, "the channel dim C",
+               swin(R"([1, 8, 8, "C"])", "{" + base + R"(, "window_size": 4})"));
+  expect_error(ErrorCode::Shape, "too large to partition into windows",
+               swin("[1, 4611686018427387904, 8, 16]", "{" + base + R"(, "window_size": 4})"));
+  expect_error(ErrorCode::DType, "n0 (shifted_window_attention): x has dtype bool",
+               swin(R"({"shape": [1, 8, 8, 16], "dtype": "bool"})",
+                    "{" + base + R"(, "window_size": 4})"));
+  // An open batch resolves; its size checks wait until it is bound.
+  const Network net = Network::resolve(
+      swin_network("n0", R"(["B", 7, 5, 16])", "{" + base + R"(, "window_size": 4, "shift_size": 2})"));
+  BOOST_TEST(net.summary().find("[B, 7, 5, 16]") != std::string::npos, net.summary());
+  expect_error(ErrorCode::Shape, "too large to partition into windows", [&] {
+    Network::resolve(swin_network("n0", R"(["B", 7, 5, 16])",
+                                  "{" + base + R"(, "window_size": 4, "shift_size": 2})"),
+                     {{"x", {int64_t{1} << 50, 7, 5, 16}}});
+  });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

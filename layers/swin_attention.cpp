@@ -1,0 +1,429 @@
+// The `shifted_window_attention` op: torchvision 0.14's ShiftedWindowAttention (Swin V1's W-MSA
+// and SW-MSA), x [B, H, W, C] -> out [B, H, W, C], in eval mode.
+//
+// torchvision's shifted_window_attention(): pad H, W at the bottom/right to window multiples with
+// zeros; a dim whose window covers the padded map is not shifted; roll by -shift; partition into
+// windows of Wh x Ww tokens; qkv linear (padded tokens get k = v = bias and take part, unmasked);
+// softmax(q k^T * head_dim^-0.5 + relative position bias [+ -100 between tokens of different
+// shift regions]) v; proj; reverse the windows, roll back, crop to H, W.
+//
+// Here: the windows are gathered (pad + roll + partition) into the workspace as [windows*N, C]
+// rows, projected with one linear_forward_f32, run through the one attention core
+// (layers/attention_core.h) as a batch of windows - the bias looked up in the tile
+// (relative_position_index, core/attention_tile.h, is torchvision's index for a Wh x Ww window),
+// the shift mask from per-token region ids of each window (shifted_window_region), never a
+// [windows, N, N] tensor - then proj, and each token scattered back (roll back and crop) into
+// the output. H and W must be fixed when the network is resolved (E_SHAPE if open); B may be
+// open.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+#include <nlohmann/json.hpp>
+
+#include "backends/cpu/cpu_device.h"
+#include "core/attention_tile.h"
+#include "core/parallel.h"
+#include "core/random.h"
+#include "core/text.h"
+#include "layers/attention_core.h"
+#include "layers/linear.h"
+#include "layers/op_args.h"
+
+namespace tessera {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+constexpr const char* kTable = "relative_position_bias_table";
+constexpr const char* kIndex = "relative_position_index";
+// The most tokens a window may hold: the index buffer is (Wh*Ww)^2 int64 (128 MiB here; Swin V1
+// uses 7x7 = 49, V2 up to 24x24 = 576).
+constexpr int64_t kMaxWindowTokens = 4096;
+
+struct SwinOptions {
+  int64_t dim = 0, heads = 0;
+  int64_t window_h = 0, window_w = 0;
+  int64_t shift_h = 0, shift_w = 0;
+  bool qkv_bias = true, proj_bias = true;
+  double attention_dropout = 0.0, dropout = 0.0;
+};
+
+// The sizes one forward computes with, from the input's (concrete) shape.
+struct SwinGeometry {
+  int64_t B = 0, H = 0, W = 0, C = 0;
+  int64_t pad_h = 0, pad_w = 0;      // the padded map
+  int64_t shift_h = 0, shift_w = 0;  // after the window >= padded size rule
+  int64_t windows_h = 0, windows_w = 0, windows = 0;  // per image
+  int64_t N = 0;                                      // tokens per window
+  int64_t tokens = 0;                                 // B * pad_h * pad_w
+  bool masked = false;                                // sum(shift) > 0
+};
+
+// torchvision's arithmetic; sizes as infer checked them (no overflow).
+SwinGeometry geometry(const SwinOptions& o, int64_t B, int64_t H, int64_t W, int64_t C) {
+  SwinGeometry g;
+  g.B = B;
+  g.H = H;
+  g.W = W;
+  g.C = C;
+  g.pad_h = H + (o.window_h - H % o.window_h) % o.window_h;
+  g.pad_w = W + (o.window_w - W % o.window_w) % o.window_w;
+  g.shift_h = o.window_h >= g.pad_h ? 0 : o.shift_h;
+  g.shift_w = o.window_w >= g.pad_w ? 0 : o.shift_w;
+  g.masked = g.shift_h > 0 || g.shift_w > 0;  // both >= 0: sum(shift_size) > 0, no overflow
+  g.windows_h = g.pad_h / o.window_h;
+  g.windows_w = g.pad_w / o.window_w;
+  g.windows = g.windows_h * g.windows_w;
+  g.N = o.window_h * o.window_w;
+  g.tokens = B * g.pad_h * g.pad_w;
+  return g;
+}
+
+int64_t table_rows(const SwinOptions& o) { return (2 * o.window_h - 1) * (2 * o.window_w - 1); }
+
+// The core's arguments for the windows as a batch: q | k | v read in place from the packed
+// [tokens, 3C] buffer, the output written into the proj input [tokens, C]. Pointers are filled by
+// the caller (null while sizing).
+AttentionArgs core_args(const SwinOptions& o, const SwinGeometry& g) {
+  const int64_t C = g.C, hd = C / o.heads, C3 = 3 * C;
+  AttentionArgs a;
+  a.batch = g.B * g.windows;
+  a.heads = o.heads;
+  a.q_len = a.kv_len = g.N;
+  a.head_dim = a.v_head_dim = hd;
+  // torchvision: q * (C // num_heads) ** -0.5 (a Python float).
+  a.scale = static_cast<float>(std::pow(static_cast<double>(hd), -0.5));
+  a.q_batch_stride = a.k_batch_stride = a.v_batch_stride = g.N * C3;
+  a.q_row_stride = a.k_row_stride = a.v_row_stride = C3;
+  a.q_head_stride = a.k_head_stride = a.v_head_stride = hd;
+  a.out_batch_stride = g.N * C;
+  a.out_row_stride = C;
+  a.out_head_stride = hd;
+  a.rel_head_stride = table_rows(o);
+  a.grid_h = o.window_h;
+  a.grid_w = o.window_w;
+  if (g.masked) {
+    a.region_groups = g.windows;  // window b % windows of the batch of windows
+    a.region_penalty = -100.0f;   // torchvision's masked_fill value (not -inf)
+  }
+  return a;
+}
+
+struct SwinScratch {
+  float* tokens = nullptr;   // the gathered windows [tokens, C]; reused for the proj output
+  float* qkv = nullptr;      // [tokens, 3C]
+  float* ctx = nullptr;      // the proj input [tokens, C]
+  float* table = nullptr;    // the bias table transposed, one row per head
+  int32_t* region = nullptr; // [windows, N] region ids when masked
+  float* linear = nullptr;   // the projections' packed input, one at a time
+  AttentionScratch core;
+};
+
+// The one layout function: cost() sizes it over a counting Workspace, forward() takes it.
+SwinScratch layout_scratch(const SwinOptions& o, const SwinGeometry& g, const AttentionArgs& args,
+                           Workspace& ws) {
+  SwinScratch s;
+  if (g.tokens == 0) return s;
+  const Device& device = cpu_device();
+  const int64_t C = g.C;
+  s.tokens = ws.take<float>(g.tokens * C);
+  s.qkv = ws.take<float>(g.tokens * 3 * C);
+  s.ctx = ws.take<float>(g.tokens * C);
+  s.table = ws.take<float>(table_rows(o) * o.heads);
+  if (g.masked) s.region = ws.take<int32_t>(g.windows * g.N);
+  s.linear = ws.take<float>(std::max(linear_workspace_floats(device, g.tokens, C, 3 * C),
+                                     linear_workspace_floats(device, g.tokens, C, C)));
+  s.core = attention_scratch(device, args, ws);
+  return s;
+}
+
+size_t workspace_bytes(const SwinOptions& o, const SwinGeometry& g) {
+  Workspace counter;
+  layout_scratch(o, g, core_args(o, g), counter);
+  return counter.peak();
+}
+
+// Token (window (wy, wx) of image b, position (i, j) in it) -> its row in the gathered buffer.
+// Gathered row r holds padded-and-rolled map cell (Y, X) = (wy*Wh + i, wx*Ww + j), which is
+// padded map cell ((Y + sh) % pad_h, (X + sw) % pad_w) (torch.roll by -shift).
+void gather_windows(const SwinOptions& o, const SwinGeometry& g, const float* x, float* tokens) {
+  const int64_t C = g.C, rows_per_image = g.pad_h * g.pad_w;
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1));
+  parallel_for(0, g.tokens, grain, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = r / rows_per_image, rest = r % rows_per_image;
+      const int64_t w = rest / g.N, t = rest % g.N;
+      const int64_t Y = (w / g.windows_w) * o.window_h + t / o.window_w;
+      const int64_t X = (w % g.windows_w) * o.window_w + t % o.window_w;
+      const int64_t y = (Y + g.shift_h % g.pad_h) % g.pad_h;
+      const int64_t xx = (X + g.shift_w % g.pad_w) % g.pad_w;
+      float* dst = tokens + r * C;
+      if (y < g.H && xx < g.W)
+        std::memcpy(dst, x + ((b * g.H + y) * g.W + xx) * C, static_cast<size_t>(C) * sizeof(float));
+      else
+        std::memset(dst, 0, static_cast<size_t>(C) * sizeof(float));
+    }
+  });
+}
+
+// The inverse of gather_windows for the cells inside H x W: output cell (y, x) of image b is the
+// token gathered from it (reverse windows, roll by +shift, crop).
+void scatter_windows(const SwinOptions& o, const SwinGeometry& g, const float* tokens, float* out) {
+  const int64_t C = g.C, cells = g.B * g.H * g.W;
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1));
+  parallel_for(0, cells, grain, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t b = c / (g.H * g.W), y = (c / g.W) % g.H, x = c % g.W;
+      const int64_t Y = (y + g.pad_h - g.shift_h % g.pad_h) % g.pad_h;
+      const int64_t X = (x + g.pad_w - g.shift_w % g.pad_w) % g.pad_w;
+      const int64_t w = (Y / o.window_h) * g.windows_w + X / o.window_w;
+      const int64_t t = (Y % o.window_h) * o.window_w + X % o.window_w;
+      std::memcpy(out + c * C, tokens + ((b * g.windows + w) * g.N + t) * C,
+                  static_cast<size_t>(C) * sizeof(float));
+    }
+  });
+}
+
+class SwinAttentionLayer : public OpLayer {
+ public:
+  SwinAttentionLayer(const SwinOptions& o, std::optional<uint64_t> seed, std::string where)
+      : o_(o), where_(std::move(where)) {
+    // torchvision's state_dict order: the module's own table, then qkv, then proj.
+    params_.add(kTable, {table_rows(o_), o_.heads});
+    params_.add("qkv.weight", {3 * o_.dim, o_.dim});
+    if (o_.qkv_bias) params_.add("qkv.bias", {3 * o_.dim});
+    params_.add("proj.weight", {o_.dim, o_.dim});
+    if (o_.proj_bias) params_.add("proj.bias", {o_.dim});
+    if (!seed) return;
+    // ShiftedWindowAttention: trunc_normal_(table, std=0.02); nn.Linear's reset for qkv, proj.
+    Generator gen(*seed);
+    init_trunc_normal(params_.mutable_tensor(kTable), gen, 0.02);
+    init_linear_weight(params_.mutable_tensor("qkv.weight"), gen, o_.dim);
+    if (o_.qkv_bias) init_linear_bias(params_.mutable_tensor("qkv.bias"), gen, o_.dim);
+    init_linear_weight(params_.mutable_tensor("proj.weight"), gen, o_.dim);
+    if (o_.proj_bias) init_linear_bias(params_.mutable_tensor("proj.bias"), gen, o_.dim);
+  }
+  ParameterSet* parameters() override { return &params_; }
+  void load(const std::map<std::string, Tensor>& state) override {
+    params_.load(state, false, where_);
+  }
+  void forward(std::span<const Tensor* const> in, std::span<Tensor* const> out,
+               Workspace& ws) const override {
+    const Tensor& x = *in[0];
+    const SwinGeometry g = geometry(o_, x.size(0), x.size(1), x.size(2), x.size(3));
+    if (g.tokens == 0 || g.H == 0 || g.W == 0) return;
+    const Device& device = cpu_device();
+    const int64_t C = g.C, C3 = 3 * C, heads = o_.heads;
+    AttentionArgs a = core_args(o_, g);
+    const SwinScratch s = layout_scratch(o_, g, a, ws);
+
+    // 1. pad + roll + partition into [B * windows * N, C] rows.
+    gather_windows(o_, g, x.data<float>(), s.tokens);
+
+    // 2. q | k | v = tokens qkv.weight^T + qkv.bias: one [tokens, C] x [C, 3C] GEMM.
+    linear_forward_f32(device, g.tokens, C, C3, s.tokens, C,
+                       params_.tensor("qkv.weight").data<float>(),
+                       o_.qkv_bias ? params_.tensor("qkv.bias").data<float>() : nullptr, s.qkv,
+                       C3, s.linear);
+
+    // 3. The bias table [(2Wh-1)(2Ww-1), heads] transposed to one row per head, and the region
+    //    id of every token of every window (on the padded map, before the roll back: the mask is
+    //    labelled on the rolled map's coordinates).
+    const float* tab = params_.tensor(kTable).data<float>();
+    const int64_t entries = a.rel_head_stride;
+    for (int64_t i = 0; i < entries; ++i)
+      for (int64_t h = 0; h < heads; ++h) s.table[h * entries + i] = tab[i * heads + h];
+    a.rel_table = s.table;
+    if (g.masked) {
+      for (int64_t w = 0; w < g.windows; ++w)
+        for (int64_t t = 0; t < g.N; ++t) {
+          const int64_t Y = (w / g.windows_w) * o_.window_h + t / o_.window_w;
+          const int64_t X = (w % g.windows_w) * o_.window_w + t % o_.window_w;
+          s.region[w * g.N + t] = static_cast<int32_t>(
+              3 * shifted_window_region(Y, g.pad_h, o_.window_h, g.shift_h) +
+              shifted_window_region(X, g.pad_w, o_.window_w, g.shift_w));
+        }
+      a.region = s.region;
+    }
+
+    // 4. Attention per window, written straight into the proj input.
+    a.q = s.qkv;
+    a.k = s.qkv + C;
+    a.v = s.qkv + 2 * C;
+    a.out = s.ctx;
+    attention_forward_f32(device, a, s.core);
+
+    // 5. proj into the (no longer needed) gathered buffer, then back into place.
+    linear_forward_f32(device, g.tokens, C, C, s.ctx, C, params_.tensor("proj.weight").data<float>(),
+                       o_.proj_bias ? params_.tensor("proj.bias").data<float>() : nullptr,
+                       s.tokens, C, s.linear);
+    scatter_windows(o_, g, s.tokens, out[0]->data<float>());
+  }
+
+ private:
+  SwinOptions o_;
+  std::string where_;
+  ParameterSet params_;
+};
+
+// An argument's value for messages, lists spaced as shapes are: "[4, 4]", "7".
+std::string shown(const ojson& v) {
+  if (!v.is_array()) return v.dump();
+  std::vector<std::string> items;
+  for (const ojson& e : v) items.push_back(e.dump());
+  std::string text = "[";
+  text += join(items);
+  text += "]";
+  return text;
+}
+
+// An int (both axes) or a list of ints; a list not of length 2 is E_CONSTRAINT (torchvision's
+// ValueError "window_size and shift_size must be of length 2").
+std::pair<int64_t, int64_t> int_or_list(Args& a, const char* name, const ojson* v,
+                                        std::pair<int64_t, int64_t> def,
+                                        const std::string& where) {
+  constexpr const char* kWant = "an int or a list of 2 ints";
+  if (!v) return def;
+  auto one = [&](const ojson& e) -> int64_t {
+    if (!e.is_number_integer()) a.type_error(name, kWant, *v);
+    if (e.is_number_unsigned() && e.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      fail(ErrorCode::Constraint, where, std::string(name) + "=" + shown(*v) + " does not fit int64");
+    return e.get<int64_t>();
+  };
+  if (v->is_array()) {
+    for (const ojson& e : *v) one(e);
+    if (v->size() != 2)
+      fail(ErrorCode::Constraint, where,
+           std::string(name) + "=" + shown(*v) + " must have length 2 (window_size and " +
+               "shift_size must be of length 2)");
+    return {one((*v)[0]), one((*v)[1])};
+  }
+  const int64_t n = one(*v);
+  return {n, n};
+}
+
+class SwinAttentionOp : public Op {
+ public:
+  SwinAttentionOp(const NetworkNode& node, const std::string& where) : Op(where) {
+    Args a(node.args, where, "shifted_window_attention");
+    o_.dim = a.integer("dim");
+    const ojson* window = a.raw("window_size");
+    if (!window) fail(ErrorCode::Arg, where, "missing required argument window_size");
+    const auto [wh, ww] = int_or_list(a, "window_size", window, {0, 0}, where);
+    const ojson* shift = a.raw("shift_size");
+    const auto [sh, sw] = int_or_list(a, "shift_size", shift, {0, 0}, where);
+    o_.heads = a.integer("num_heads");
+    o_.qkv_bias = a.boolean("qkv_bias", true);
+    o_.proj_bias = a.boolean("proj_bias", true);
+    o_.attention_dropout = a.number("attention_dropout", 0.0);
+    o_.dropout = a.number("dropout", 0.0);
+    a.finish();
+
+    require_at_least(o_.dim, 1, "dim", where);
+    require_at_least(o_.heads, 1, "num_heads", where);
+    if (o_.dim % o_.heads != 0)
+      fail(ErrorCode::Constraint, where,
+           "num_heads=" + str(o_.heads) + " must divide dim=" + str(o_.dim));
+    const std::string window_text = "window_size=" + shown(*window);
+    if (wh < 1 || ww < 1) fail(ErrorCode::Constraint, where, window_text + " must be >= 1");
+    int64_t n = 0;
+    if (wh > kMaxWindowTokens || ww > kMaxWindowTokens || __builtin_mul_overflow(wh, ww, &n) ||
+        n > kMaxWindowTokens)
+      fail(ErrorCode::Constraint, where,
+           window_text + " must hold at most " + str(kMaxWindowTokens) + " tokens (Wh*Ww)");
+    if (sh < 0 || sw < 0)
+      fail(ErrorCode::Constraint, where, "shift_size=" + shown(*shift) + " must be >= 0");
+    // Written so that NaN fails too.
+    if (!(o_.attention_dropout >= 0.0 && o_.attention_dropout <= 1.0))
+      fail(ErrorCode::Constraint, where,
+           "attention_dropout=" + py_float(o_.attention_dropout) + " must be in [0, 1]");
+    if (!(o_.dropout >= 0.0 && o_.dropout <= 1.0))
+      fail(ErrorCode::Constraint, where, "dropout=" + py_float(o_.dropout) + " must be in [0, 1]");
+    // 3C rows of qkv.weight and 3C*C elements fit (dim <= 2^31 keeps C*C in int64).
+    if (o_.dim > (int64_t{1} << 30))
+      fail(ErrorCode::Constraint, where, "dim=" + str(o_.dim) + " is too large");
+    o_.window_h = wh;
+    o_.window_w = ww;
+    o_.shift_h = sh;
+    o_.shift_w = sw;
+  }
+  const char* name() const override { return "shifted_window_attention"; }
+  std::vector<PortSpec> input_ports() const override { return {{"x"}}; }
+  std::vector<std::string> output_ports() const override { return {"out"}; }
+
+  InferResult infer(const InputTypes& in, SymbolBindings&) const override {
+    const ValueType& x = *in[0];
+    require_float("x", x, "shifted_window_attention", where());
+    if (x.shape.size() != 4) fail(ErrorCode::Shape, where(), named("x", x) + " is not [B, H, W, C]");
+    const int64_t C = require_fixed(x.shape[3], "the channel dim C", x, "x", where());
+    if (C != o_.dim)
+      fail(ErrorCode::Shape, where(), named("x", x) + " has C=" + str(C) + ", dim=" + str(o_.dim));
+    // H and W may stay open (a Swin recipe takes any image size): nothing the op declares
+    // depends on them, and the size check below runs once they are bound.
+    const bool open_map = !x.shape[1].is_fixed() || !x.shape[2].is_fixed();
+    const int64_t H = open_map ? 0 : x.shape[1].value;
+    const int64_t W = open_map ? 0 : x.shape[2].value;
+    // The padded map and every buffer the forward sizes from it fit int64 (B once it is bound).
+    // (4 * B * pH * pW * 3C: the bytes of the qkv buffer.)
+    const Dim& B = x.shape[0];
+    int64_t ph = 0, pw = 0, cells = 0, floats = 0;
+    const bool huge = !open_map && ((B.is_fixed() && B.value > (int64_t{1} << 40)) ||
+                                    __builtin_add_overflow(H, o_.window_h, &ph) ||
+                                    __builtin_add_overflow(W, o_.window_w, &pw) ||
+                                    __builtin_mul_overflow(ph, pw, &cells) ||
+                                    __builtin_mul_overflow(cells, 3 * C, &floats) ||
+                                    (B.is_fixed() && __builtin_mul_overflow(floats, B.value * 4, &floats)));
+    if (huge)
+      fail(ErrorCode::Shape, where(), named("x", x) + " is too large to partition into windows");
+    InferResult r;
+    r.outputs.push_back({x.shape, DType::F32});
+    r.parameters.emplace_back(kTable, Shape{table_rows(o_), o_.heads});
+    r.parameters.emplace_back("qkv.weight", Shape{3 * o_.dim, o_.dim});
+    if (o_.qkv_bias) r.parameters.emplace_back("qkv.bias", Shape{3 * o_.dim});
+    r.parameters.emplace_back("proj.weight", Shape{o_.dim, o_.dim});
+    if (o_.proj_bias) r.parameters.emplace_back("proj.bias", Shape{o_.dim});
+    return r;
+  }
+  OpCost cost(const InputTypes& in) const override {
+    const SymShape& s = in[0]->shape;
+    const SwinGeometry g = geometry(o_, s[0].value, s[1].value, s[2].value, s[3].value);
+    const double t = static_cast<double>(g.tokens), c = static_cast<double>(g.C),
+                 n = static_cast<double>(g.N);
+    OpCost cost;
+    // qkv ([tokens, C] x [C, 3C]) and proj ([tokens, C] x [C, C]): 8 t C^2; q k^T and p v per
+    // window: 2 * 2 N^2 C per window, t / N windows: 4 t N C. Padded tokens count.
+    cost.flops = g.H == 0 || g.W == 0 ? 0.0 : 8.0 * t * c * c + 4.0 * t * n * c;
+    cost.workspace_bytes =
+        g.H == 0 || g.W == 0 ? 0.0 : static_cast<double>(workspace_bytes(o_, g));
+    return cost;
+  }
+  std::vector<std::pair<std::string, Tensor>> persistent_buffers() const override {
+    // torchvision's define_relative_position_index: [Wh*Ww*Wh*Ww] int64.
+    const int64_t N = o_.window_h * o_.window_w;
+    Tensor index = Tensor::empty({N * N}, DType::I64);
+    int64_t* idx = index.data<int64_t>();
+    for (int64_t q = 0; q < N; ++q)
+      for (int64_t k = 0; k < N; ++k)
+        idx[q * N + k] = relative_position_index(q, k, o_.window_h, o_.window_w);
+    return {{kIndex, index}};
+  }
+  std::unique_ptr<OpLayer> instantiate(const InputTypes&,
+                                       std::optional<uint64_t> seed) const override {
+    return std::make_unique<SwinAttentionLayer>(o_, seed, where());
+  }
+
+ private:
+  SwinOptions o_;
+};
+
+}  // namespace
+
+std::unique_ptr<Op> make_shifted_window_attention_op(const NetworkNode& node,
+                                                     const std::string& where) {
+  return std::make_unique<SwinAttentionOp>(node, where);
+}
+
+}  // namespace tessera
