@@ -274,6 +274,13 @@ SMALL = {
     ], {"logits": "logits"}),
     # Swin's (shifted) window attention: padded 5x7 map, 4x4 windows, then a non-square window
     # with the H shift dropped (window covers the padded height); module-path node names.
+    # Swin's patch merging on an odd, open map: pad to even, four phases, norm, reduction.
+    "swin_patch_merging": net({"x": ["B", 5, "W", 4]}, [
+        ("features.2.merge", "patch_merging_pad", {}, {"x": "x"}),
+        ("features.2.norm", "layer_norm", {}, {"x": "features.2.merge"}),
+        ("features.2.reduction", "linear", {"out_features": 8, "bias": False},
+         {"x": "features.2.norm"}),
+    ], {"y": "features.2.reduction"}),
     "swin_window_attention": net({"x": [1, 5, 7, 8]}, [
         ("features.1.0.attn", "shifted_window_attention",
          {"dim": 8, "window_size": [4, 4], "shift_size": [2, 2], "num_heads": 2}, {"x": "x"}),
@@ -375,7 +382,7 @@ def run_seeds():
     # Added later than the seeds above, so that their random draws stay as they were.
     for name in ["relu", "layout_window", "layout_merge", "layout_tokens", "conv_patch_mean",
                  "conv_strided_pool", "math_ops", "matmul_broadcast", "gpt_parts",
-                 "swin_window_attention"]:
+                 "swin_window_attention", "swin_patch_merging"]:
         n = SMALL[name]
         text = json.dumps(n, separators=(",", ":")).encode()
         write("run", name + "_random_init", run_seed(1, text, b"", input_file(n)))
