@@ -536,24 +536,13 @@ void adaptive_avg_pool2d_into(const Tensor& x, Tensor& y, const std::string& whe
 
 namespace {
 
-// An argument's value for messages, pairs spaced as the shapes are: "[1, 0]", "3".
-std::string shown(const ojson& v) {
-  if (!v.is_array()) return v.dump();
-  std::vector<std::string> items;
-  for (const ojson& e : v) items.push_back(e.dump());
-  std::string text = "[";
-  text += join(items);
-  text += "]";
-  return text;
-}
-
 // An int argument's value from JSON (E_ARG when not an int, E_CONSTRAINT past int64).
 int64_t json_int(Args& a, const char* name, const char* want, const ojson& whole, const ojson& v,
                  const std::string& where) {
   if (!v.is_number_integer()) a.type_error(name, want, whole);
   if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
     fail(ErrorCode::Constraint, where,
-         std::string("argument ") + name + "=" + shown(whole) + " does not fit int64");
+         std::string("argument ") + name + "=" + shown_arg(whole) + " does not fit int64");
   return v.get<int64_t>();
 }
 
@@ -573,7 +562,7 @@ std::pair<int64_t, int64_t> int_pair(Args& a, const char* name, const ojson* v,
 // E_CONSTRAINT unless min <= both <= kConvArgMax: "stride=[1, 0] must be >= 1".
 void require_pair(std::pair<int64_t, int64_t> p, int64_t min, const char* name, const ojson* raw,
                   const std::string& where) {
-  const std::string arg = std::string(name) + "=" + (raw ? shown(*raw) : str(p.first));
+  const std::string arg = std::string(name) + "=" + (raw ? shown_arg(*raw) : str(p.first));
   if (p.first < min || p.second < min)
     fail(ErrorCode::Constraint, where, arg + " must be >= " + str(min));
   if (p.first > kConvArgMax || p.second > kConvArgMax)
@@ -702,7 +691,7 @@ class Conv2dOp : public Op {
       if (sh != 1 || sw != 1)
         fail(ErrorCode::Constraint, where,
              "padding='same' is not supported for strided convolutions (stride=" +
-                 (stride_raw ? shown(*stride_raw) : str(sh)) + ")");
+                 (stride_raw ? shown_arg(*stride_raw) : str(sh)) + ")");
       // Total dilation * (kernel - 1), the odd one after, as PyTorch pads for 'same'.
       o_.pad_top = dh * (kh - 1) / 2;
       o_.pad_bottom = dh * (kh - 1) - o_.pad_top;
@@ -878,7 +867,7 @@ class AdaptiveAvgPool2dOp : public Op {
     auto entry = [&](const ojson& v) -> std::optional<int64_t> {
       if (v.is_null()) return std::nullopt;
       const int64_t n = json_int(a, "output_size", kWant, *s, v, where);
-      if (n < 0) fail(ErrorCode::Constraint, where, "output_size=" + shown(*s) + " must be >= 0");
+      if (n < 0) fail(ErrorCode::Constraint, where, "output_size=" + shown_arg(*s) + " must be >= 0");
       return n;
     };
     if (s->is_array()) {

@@ -77,6 +77,16 @@ void Args::type_error(const std::string& name, const char* want, const ojson& go
        "argument " + name + " must be " + want + ", got " + json_type(got) + " " + got.dump());
 }
 
+std::string shown_arg(const nlohmann::ordered_json& v) {
+  if (!v.is_array()) return v.dump();
+  std::vector<std::string> items;
+  for (const auto& e : v) items.push_back(e.dump());
+  std::string text = "[";
+  text += join(items);
+  text += "]";
+  return text;
+}
+
 std::string named(const char* port, const ValueType& v) {
   return std::string(port) + " " + sym_shape_to_string(v.shape);
 }

@@ -42,6 +42,8 @@ class Args {
   std::vector<std::string> known_;
 };
 
+// An argument's value for messages, lists spaced as shapes are: "[4, 4]", "7".
+std::string shown_arg(const nlohmann::ordered_json& v);
 // "x [B, 8, 32]": a port and its type, for messages.
 std::string named(const char* port, const ValueType& v);
 // E_DTYPE unless the port carries floats.

@@ -269,17 +269,6 @@ class SwinAttentionLayer : public OpLayer {
   ParameterSet params_;
 };
 
-// An argument's value for messages, lists spaced as shapes are: "[4, 4]", "7".
-std::string shown(const ojson& v) {
-  if (!v.is_array()) return v.dump();
-  std::vector<std::string> items;
-  for (const ojson& e : v) items.push_back(e.dump());
-  std::string text = "[";
-  text += join(items);
-  text += "]";
-  return text;
-}
-
 // An int (both axes) or a list of ints; a list not of length 2 is E_CONSTRAINT (torchvision's
 // ValueError "window_size and shift_size must be of length 2").
 std::pair<int64_t, int64_t> int_or_list(Args& a, const char* name, const ojson* v,
@@ -290,14 +279,14 @@ std::pair<int64_t, int64_t> int_or_list(Args& a, const char* name, const ojson* 
   auto one = [&](const ojson& e) -> int64_t {
     if (!e.is_number_integer()) a.type_error(name, kWant, *v);
     if (e.is_number_unsigned() && e.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-      fail(ErrorCode::Constraint, where, std::string(name) + "=" + shown(*v) + " does not fit int64");
+      fail(ErrorCode::Constraint, where, std::string(name) + "=" + shown_arg(*v) + " does not fit int64");
     return e.get<int64_t>();
   };
   if (v->is_array()) {
     for (const ojson& e : *v) one(e);
     if (v->size() != 2)
       fail(ErrorCode::Constraint, where,
-           std::string(name) + "=" + shown(*v) + " must have length 2 (window_size and " +
+           std::string(name) + "=" + shown_arg(*v) + " must have length 2 (window_size and " +
                "shift_size must be of length 2)");
     return {one((*v)[0]), one((*v)[1])};
   }
@@ -327,7 +316,7 @@ class SwinAttentionOp : public Op {
     if (o_.dim % o_.heads != 0)
       fail(ErrorCode::Constraint, where,
            "num_heads=" + str(o_.heads) + " must divide dim=" + str(o_.dim));
-    const std::string window_text = "window_size=" + shown(*window);
+    const std::string window_text = "window_size=" + shown_arg(*window);
     if (wh < 1 || ww < 1) fail(ErrorCode::Constraint, where, window_text + " must be >= 1");
     int64_t n = 0;
     if (wh > kMaxWindowTokens || ww > kMaxWindowTokens || __builtin_mul_overflow(wh, ww, &n) ||
@@ -335,7 +324,7 @@ class SwinAttentionOp : public Op {
       fail(ErrorCode::Constraint, where,
            window_text + " must hold at most " + str(kMaxWindowTokens) + " tokens (Wh*Ww)");
     if (sh < 0 || sw < 0)
-      fail(ErrorCode::Constraint, where, "shift_size=" + shown(*shift) + " must be >= 0");
+      fail(ErrorCode::Constraint, where, "shift_size=" + shown_arg(*shift) + " must be >= 0");
     // Written so that NaN fails too.
     if (!(o_.attention_dropout >= 0.0 && o_.attention_dropout <= 1.0))
       fail(ErrorCode::Constraint, where,

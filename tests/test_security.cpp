@@ -55,6 +55,27 @@ std::vector<uint8_t> bytes_of(const Tensor& t) {
   return std::vector<uint8_t>(p, p + c.nbytes());
 }
 
+// Runs `model` on `in` at 1, 2 and 8 threads, twice each through one plan, checking that every
+// output has the same bytes every time; returns how many outputs there were.
+size_t outputs_bitwise_across_threads(const Model& model, const std::map<std::string, Tensor>& in) {
+  std::map<std::string, TensorDesc> descs;
+  for (const auto& [name, t] : in) descs[name] = TensorDesc{t.shape(), t.dtype()};
+  std::map<std::string, std::vector<uint8_t>> reference;
+  for (int threads : {1, 2, 8}) {
+    ThreadScope scope(threads);
+    Plan plan(model, descs);
+    for (int rep = 0; rep < 2; ++rep) {
+      for (const auto& [name, t] : plan.run(in)) {
+        const std::vector<uint8_t> bytes = bytes_of(t);
+        auto [it, first] = reference.emplace(name, bytes);
+        BOOST_TEST((first || it->second == bytes),
+                   "output " << name << " differs at threads=" << threads << " run " << rep);
+      }
+    }
+  }
+  return reference.size();
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(security)
@@ -284,23 +305,7 @@ BOOST_AUTO_TEST_CASE(outputs_are_bitwise_identical_across_runs_and_thread_counts
   for (int64_t n = 0; n < 32; ++n) pad.set_item({n, 3}, 1.0);  // half the batch ignores key 3
   const std::map<std::string, Tensor> in = {
       {"x", Tensor::randn({4, 64, 64}, gen)}, {"d", Tensor::randn({2, 512}, gen)}, {"pad", pad}};
-  std::map<std::string, TensorDesc> descs;
-  for (const auto& [name, t] : in) descs[name] = TensorDesc{t.shape(), t.dtype()};
-
-  std::map<std::string, std::vector<uint8_t>> reference;
-  for (int threads : {1, 2, 8}) {
-    ThreadScope scope(threads);
-    Plan plan(model, descs);
-    for (int rep = 0; rep < 2; ++rep) {
-      for (const auto& [name, t] : plan.run(in)) {
-        const std::vector<uint8_t> bytes = bytes_of(t);
-        auto [it, first] = reference.emplace(name, bytes);
-        BOOST_TEST((first || it->second == bytes),
-                   "output " << name << " differs at threads=" << threads << " run " << rep);
-      }
-    }
-  }
-  BOOST_TEST(reference.size() == 7u);
+  BOOST_TEST(outputs_bitwise_across_threads(model, in) == 7u);
 }
 
 // The math ops the same way: matmul split into row tasks (300 rows: 3 of 128), column tasks (8
@@ -333,23 +338,7 @@ BOOST_AUTO_TEST_CASE(math_ops_are_bitwise_identical_across_thread_counts) {
       {"a", {300, 130}},  {"b", {130, 600}},   {"c", {8, 200}},
       {"d", {200, 2048}}, {"q", {16, 64, 64}}, {"z", {5, 1, 600}}};
   for (const auto& [name, shape] : shapes) in[name] = Tensor::randn(shape, gen);
-  std::map<std::string, TensorDesc> descs;
-  for (const auto& [name, t] : in) descs[name] = TensorDesc{t.shape(), t.dtype()};
-
-  std::map<std::string, std::vector<uint8_t>> reference;
-  for (int threads : {1, 2, 8}) {
-    ThreadScope scope(threads);
-    Plan plan(model, descs);
-    for (int rep = 0; rep < 2; ++rep) {
-      for (const auto& [name, t] : plan.run(in)) {
-        const std::vector<uint8_t> bytes = bytes_of(t);
-        auto [it, first] = reference.emplace(name, bytes);
-        BOOST_TEST((first || it->second == bytes),
-                   "output " << name << " differs at threads=" << threads << " run " << rep);
-      }
-    }
-  }
-  BOOST_TEST(reference.size() == 3u);
+  BOOST_TEST(outputs_bitwise_across_threads(model, in) == 3u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
