@@ -60,4 +60,19 @@ Device& cpu_device() {
   return device;
 }
 
+bool restrict_simd_target(const std::string& name, std::string& available) {
+  const int64_t usable = hwy::SupportedTargets() & HWY_TARGETS;
+  int64_t chosen = 0;
+  available.clear();
+  for (int64_t bit = 1; bit != 0 && bit <= HWY_TARGETS; bit <<= 1) {
+    if (!(bit & usable)) continue;
+    if (!available.empty()) available += ", ";
+    available += hwy::TargetName(bit);
+    if (name == hwy::TargetName(bit)) chosen = bit;
+  }
+  if (chosen == 0) return false;
+  hwy::SetSupportedTargetsForTest(chosen);
+  return true;
+}
+
 }  // namespace tessera
