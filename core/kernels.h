@@ -35,6 +35,9 @@ struct LinearKernels {
   void (*packed)(int64_t m, int64_t k, const float* packed, int64_t p0, int64_t p1,
                  const void* w, int64_t ldw, int64_t n0, int64_t n1, const float* bias, float* y,
                  int64_t ldy) = nullptr;
+  // Whether `packed` beats OpenBLAS for y[m, n] = x[m, k] w^T on the target dispatched now
+  // (asked at every call: tests and TESSERA_HWY_TARGET change the target at run time).
+  bool (*preferred)(int64_t m, int64_t k, int64_t n) = nullptr;
 };
 
 // An elementwise map y[i] = f(x[i]) for i < n (y may alias x), named by the op it serves.

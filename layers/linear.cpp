@@ -14,7 +14,8 @@ namespace {
 
 // The backend's own projection kernel (backends/cpu/linear_f32.cc): x packed once per call into
 // panels shared by every thread, w read in place. One thread, against OpenBLAS sgemm (x w^T) +
-// bias, `bench_kernels` (linear rows), GFLOP/s, range of three runs (FMA peak ~116):
+// bias, `bench_kernels` (linear rows), GFLOP/s, range of three runs, AVX-512 on Zen 4 (FMA peak
+// ~116):
 //   rows x out x in     OpenBLAS     linear_f32
 //   128 x 1536 x 512    90-97        92-107
 //   128 x 512 x 512     79-98        102
@@ -24,11 +25,36 @@ namespace {
 //   7 x 2304 x 768      24-33        23-24   (a 32-row panel for 7 rows: OpenBLAS below 32)
 //   1024 x 8 x 512      41-48        17-18   (12-feature tiles for 8 features: below 64)
 // Besides, OpenBLAS under the row split packs the whole weight once per thread.
+// AVX2 on Zen 3 (`bench_linear`, best of 3 alternating runs, FMA loop 91-96 GFLOP/s on one
+// thread, 178 on two), linear_f32 / OpenBLAS split by rows:
+//   rows x out x in     1 thread       2 threads
+//   64 x 1536 x 512     80 / 71        131 / 99
+//   128 x 1536 x 512    62 / 61        117 / 110
+//   256 x 1536 x 512    68 / 70        111 / 106
+//   197 x 2304 x 768    60-64 / 71     102 / 111
+//   2048 x 2304 x 768   73-75 / 80     119 / 134
+//   512 x 8192 x 512    63-67 / 77     106 / 127
+//   3136 x 288 x 96     52-55 / 64     80 / 111
+//   98 x 288 x 96       58 / 67        69 / 93
 //
-// The backend's own kernel takes every product with at least 32 rows (one panel) and 64
-// output features; OpenBLAS the rest (see the measurements above).
-bool use_packed(const LinearKernels* lk, int64_t rows, int64_t out_features) {
-  return rows >= 32 && out_features >= 64 && lk != nullptr;
+// OpenBLAS is ahead on AVX2 at many rows as well, but only when each worker packs the whole
+// weight for its own share of the rows, a split that depends on the thread count and changes
+// result bits (OpenBLAS's edge kernels sum in another order); split by shape alone, it packs the
+// weight for every block, which costs more than it gains where the weight is large.
+//
+// Which one runs is the kernel table's call (LinearKernels::preferred, per dispatched target):
+// the own kernel from 32 rows (one panel) and 64 output features; on AVX2 only from 256 input
+// features. OpenBLAS the rest, in row blocks fixed by the shape.
+bool use_packed(const LinearKernels* lk, int64_t rows, int64_t in_features,
+                int64_t out_features) {
+  return lk != nullptr && lk->preferred(rows, in_features, out_features);
+}
+
+// Whether any target's kernel table could choose the packed kernel (the widest rule above):
+// the workspace is sized for it then, because the dispatched target may change after a plan is
+// sized (tests run every target; TESSERA_HWY_TARGET).
+bool may_use_packed(const LinearKernels* lk, int64_t rows, int64_t out_features) {
+  return lk != nullptr && rows >= lk->panel_rows && out_features >= 64;
 }
 
 void linear_packed_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in_features,
@@ -70,7 +96,7 @@ int64_t linear_workspace_floats(const Device& device, int64_t rows, int64_t in_f
                                 int64_t out_features) {
   const LinearKernels* lk = device.kernels().linear(DType::F32);
   if (rows <= 0 || out_features <= 0 || small_product(rows, in_features, out_features) ||
-      !use_packed(lk, rows, out_features))
+      !may_use_packed(lk, rows, out_features))
     return 0;
   const int64_t panels = (rows + lk->panel_rows - 1) / lk->panel_rows;
   return panels * lk->panel_rows * in_features;
@@ -92,20 +118,27 @@ void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
     if (bias) k.add_bias_rows_f32(rows, out_features, y, y_stride, bias);
     return;
   }
-  if (const LinearKernels* lk = k.linear(DType::F32); use_packed(lk, rows, out_features)) {
+  if (const LinearKernels* lk = k.linear(DType::F32);
+      use_packed(lk, rows, in_features, out_features)) {
     linear_packed_forward_f32(*lk, rows, in_features, out_features, x, x_stride, w, bias, y,
                               y_stride, workspace);
     return;
   }
   if (rows >= 32) {
     // Split rows: each worker runs one GEMM over a block of rows with the whole weight, so the
-    // weight panel is packed once per block (one block per thread keeps packing at 1/threads).
-    const int threads = num_threads();
-    const int64_t grain = std::max<int64_t>(16, (rows + threads - 1) / threads);
-    parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-      k.gemm_f32(false, true, r1 - r0, out_features, in_features, 1.0f, x + r0 * x_stride, x_stride,
-                 w, in_features, 0.0f, y + r0 * y_stride, y_stride);
-      if (bias) k.add_bias_rows_f32(r1 - r0, out_features, y + r0 * y_stride, y_stride, bias);
+    // weight panel is packed once per block. At most 8 blocks of at least 32 rows, by the shape
+    // alone: OpenBLAS's result for a row depends on where its block starts (its edge kernels
+    // sum in another order), so a split by thread count would change bits with --threads.
+    const int64_t blocks = std::clamp<int64_t>(rows / 32, 1, 8);
+    const int64_t block_rows = (rows + blocks - 1) / blocks;
+    parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t r0 = b * block_rows, n = std::min(block_rows, rows - r0);
+        if (n <= 0) continue;
+        k.gemm_f32(false, true, n, out_features, in_features, 1.0f, x + r0 * x_stride, x_stride,
+                   w, in_features, 0.0f, y + r0 * y_stride, y_stride);
+        if (bias) k.add_bias_rows_f32(n, out_features, y + r0 * y_stride, y_stride, bias);
+      }
     });
   } else {
     // Few rows (decode-like): split output features into fixed blocks of 128 (a whole number of

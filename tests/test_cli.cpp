@@ -405,19 +405,44 @@ BOOST_AUTO_TEST_CASE(inspect_lists_tensors_and_metadata) {
   BOOST_TEST(r.out.find("metadata: 2\nformat: pt\ntessera.network: {") != std::string::npos);
 }
 
+// TESSERA_HWY_TARGET narrows the kernels to one target: SCALAR is compiled into every build and
+// runs on every CPU; a name that is not a compiled target is E_ARG before anything runs.
+BOOST_AUTO_TEST_CASE(simd_target_from_environment) {
+  setenv("TESSERA_HWY_TARGET", "SCALAR", 1);
+  Result r = cli_run({"bench", kEncoder, "--shape", "x=1,4,64", "--warmup", "0", "--reps", "1",
+                      "--json"});
+  unsetenv("TESSERA_HWY_TARGET");
+  BOOST_TEST(r.status == 0, r.err);
+  if (r.status == 0)
+    BOOST_TEST(nlohmann::json::parse(r.out)["simd_target"].get<std::string>() == "SCALAR");
+  setenv("TESSERA_HWY_TARGET", "AVX9", 1);
+  r = cli_run({"bench", kEncoder, "--shape", "x=1,4,64"});
+  unsetenv("TESSERA_HWY_TARGET");
+  BOOST_TEST(r.status == 2);
+  BOOST_TEST(r.err.find("tessera: error: E_ARG: TESSERA_HWY_TARGET: target 'AVX9' is not "
+                        "compiled in") == 0u,
+             r.err);
+}
+
 BOOST_AUTO_TEST_CASE(bench_reports_times_and_json) {
   Result r = cli_run(
       {"bench", kEncoder, "--shape", "x=2,16,64", "--warmup", "1", "--reps", "3", "--json"});
   BOOST_TEST(r.status == 0, r.err);
   BOOST_TEST(r.err.empty(), r.err);  // stderr is not a terminal: no progress bar
   const auto j = nlohmann::json::parse(r.out);
-  for (const char* key : {"median_ms", "min_ms", "max_ms", "gflops", "peak_rss_mb"}) {
+  for (const char* key : {"median_ms", "min_ms", "max_ms", "gflops", "peak_rss_mb", "flops",
+                          "load_ms", "first_run_ms"}) {
     BOOST_REQUIRE(j.contains(key));
     BOOST_TEST(j[key].get<double>() > 0.0, key);
   }
-  BOOST_TEST(j.size() == 5u);
+  BOOST_REQUIRE(j.contains("simd_target"));
+  BOOST_TEST(!j["simd_target"].get<std::string>().empty());
+  BOOST_TEST(j.size() == 9u);
   BOOST_TEST(j["min_ms"].get<double>() <= j["median_ms"].get<double>());
   BOOST_TEST(j["median_ms"].get<double>() <= j["max_ms"].get<double>());
+  // GFLOP/s is the plan's FLOP count over the median time.
+  const double rate = j["flops"].get<double>() / (j["median_ms"].get<double>() * 1e6);
+  BOOST_TEST(std::abs(j["gflops"].get<double>() - rate) <= 1e-9 * rate);
   r = cli_run({"bench", kEncoder, "--shape", "x=2,16,64", "--warmup", "0", "--reps", "2",
                "--threads", "1"});
   BOOST_TEST(r.status == 0);

@@ -28,6 +28,7 @@ void linear_pack_f32(int64_t m, int64_t k, const float* x, int64_t ldx, int64_t 
 void linear_packed_f32(int64_t m, int64_t k, const float* packed, int64_t p0, int64_t p1,
                        const void* w, int64_t ldw, int64_t n0, int64_t n1, const float* bias,
                        float* y, int64_t ldy);
+bool linear_packed_preferred_f32(int64_t m, int64_t k, int64_t n);
 
 // softmax_f32.cc
 void softmax_rows_f32(int64_t rows, int64_t cols, const float* x, int64_t x_stride, float scale,
