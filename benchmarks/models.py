@@ -96,7 +96,7 @@ def parse():
     p.add_argument("--target", default=None, metavar="NAME",
                    help="force this Highway target (AVX3, AVX2, SSE4, ...) in tessera and the FMA probe")
     p.add_argument("--tessera-openblas-coretype", default="match",
-                   help="OPENBLAS_CORETYPE for tessera: match (the --target's ISA, else the environment's), "
+                   help="OPENBLAS_CORETYPE for tessera: match (the --target's ISA unless the environment sets one), "
                         "env (the environment's), or a core name")
     p.add_argument("--torch-openblas-coretype", default="auto",
                    help="for torch_model.py: auto (OpenBLAS detects; the harness default), env, or a core name")
@@ -168,7 +168,8 @@ def tessera_env(a):
         env.pop("TESSERA_HWY_TARGET", None)
     c = a.tessera_openblas_coretype
     if c == "match":
-        if a.target and a.target in OPENBLAS_CORE_FOR:
+        # Never over a value the environment sets (the machine's owner chose it).
+        if a.target and a.target in OPENBLAS_CORE_FOR and "OPENBLAS_CORETYPE" not in os.environ:
             env["OPENBLAS_CORETYPE"] = OPENBLAS_CORE_FOR[a.target]
     elif c != "env":
         env["OPENBLAS_CORETYPE"] = c

@@ -96,6 +96,10 @@ def parse():
     p.add_argument("--label", default=None, help="output file stem (default: today's date)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--no-setup", action="store_true", help="do not apt-get/npm install anything")
+    p.add_argument("--hwy-target", default=None, metavar="NAME",
+                   help="run tessera's kernels and the FMA probe on this Highway target only "
+                        "(TESSERA_HWY_TARGET, fma_probe --target): how an AVX-512 machine reports "
+                        "the AVX2 path")
     p.add_argument("--report-only", default=None, metavar="RUN.jsonl",
                    help="rebuild RUN.txt and RUN.png from a run's raw rows, running nothing")
     p.add_argument("--rev", default=None,
@@ -353,7 +357,8 @@ def run_tessera(a, net, B, T, D, H, causal, threads, **tags):
     r = dict(base, status="ok", reps=reps, warmup=warm, median_ms=rec["median_ms"],
              min_ms=rec["min_ms"], max_ms=rec["max_ms"], tessera_gflops=round(rec["gflops"], 2),
              gflops=round(base["flops"] / (rec["median_ms"] * 1e-3) / 1e9, 2),
-             peak_rss_mb=round(rec["peak_rss_mb"], 1), command=" ".join(shlex.quote(c) for c in full))
+             peak_rss_mb=round(rec["peak_rss_mb"], 1), command=" ".join(shlex.quote(c) for c in full),
+             simd_target=rec.get("simd_target", "?"))
     return finish(r, info, a)
 
 
@@ -394,8 +399,9 @@ def run_peer(a, h, peer, B, T, D, H, causal, threads, section="main"):
 
 
 def probe(a):
-    out = subprocess.run([a.probe, "--threads", str(max(a.thread_list + [2])), "--json", "--ms", "300"],
-                         capture_output=True, text=True, check=True).stdout
+    target = ["--target", a.hwy_target] if a.hwy_target else []
+    out = subprocess.run([a.probe, "--threads", str(max(a.thread_list + [2])), "--json", "--ms", "300"]
+                         + target, capture_output=True, text=True, check=True).stdout
     r = json.loads(out)
     return {int(k): v for k, v in r["gflops"].items()}, r["target"]
 
@@ -535,6 +541,21 @@ def check_targets(a, res, extra, peak):
                            + (f"; below: {', '.join(fails)}" if fails else ""))
 
     if "ort-fused" in a.peer_list:
+        # Issue 15: every row >= 1.2x ORT fused, or >= 80% of the probe at the row's threads.
+        keys = rows_for(lambda *k: True)
+        met, fails = 0, []
+        for k in keys:
+            t, o = res.get(("tessera",) + k), res.get(("ort-fused",) + k)
+            x = ratio(t, o)
+            share = 100 * t["gflops"] / peak[k[5]] if ok(t) and k[5] in peak else None
+            if (x is not None and x >= 1.2) or (share is not None and share >= 80):
+                met += 1
+            else:
+                fails.append(f"{k[0]},{k[1]},{k[2]},{k[3]} c{k[4]} t{k[5]}: "
+                             + (f"{x:.2f}x" if x is not None else "n/a") + ", "
+                             + (f"{share:.0f}% of peak" if share is not None else "n/a"))
+        verdict(not fails and met > 0, f"issue 15: >= 1.2x ORT fused or >= 80% of the FMA peak, every row: "
+                                       f"{met}/{len(keys)} rows meet it" + (f"; below: {'; '.join(fails)}" if fails else ""))
         report("ort-fused", rows_for(lambda *k: True), 1.2, ">= 1.2x ORT fused MHA, every shape, 1 and 2 threads")
         report("ort-fused", rows_for(lambda B, T, D, H, c, n: T >= 2048 and c == 0), 1.5,
                ">= 1.5x ORT fused at T >= 2048, non-causal")
@@ -763,6 +784,7 @@ def write_report(a, jsonl, stem):
     probe_start = dict(peak)
     peak = {n: max(peak.get(n, 0.0), peak_end.get(n, 0.0)) for n in set(peak) | set(peak_end)}
     rows_all = list(res.values()) + extra
+    simd = sorted({r.get("simd_target") for r in rows_all if r.get("peer") == "tessera" and r.get("simd_target")})
     contended = sum(1 for r in rows_all if "CONTENDED" in (r.get("note") or ""))
     head = [
         f"# tessera vs PyTorch / ONNX Runtime: MultiheadAttention self-attention forward, float32  {meta.get('started', '?')}",
@@ -771,7 +793,8 @@ def write_report(a, jsonl, stem):
         f"# FMA probe ({target}, register-only FMA loop, benchmarks/fma_probe): start "
         + ", ".join(f"{n} thr {g:.1f}" for n, g in probe_start.items()) + " GFLOP/s; end "
         + ", ".join(f"{n} thr {g:.1f}" for n, g in peak_end.items())
-        + " GFLOP/s; '% peak' uses the higher of the two per thread count",
+        + " GFLOP/s; '% peak' uses the higher of the two per thread count; tessera's kernels ran on "
+        + (", ".join(simd) if simd else "?") + (f" (forced: --hwy-target {a.hwy_target})" if getattr(a, "hwy_target", None) else ""),
         "# flops = B*(8*T*D^2 + 4*T^2*D) for every runtime, dense count also for causal rows; "
         "ms = median of timed calls after warm-up; one process per runtime and config",
         "# 'x <peer>' = peer ms / tessera ms (> 1: tessera faster); RSS = peak resident set of the whole process",
@@ -788,7 +811,7 @@ def write_report(a, jsonl, stem):
     ex = extras_tables(extra, peak)
     if ex:
         report += "\n" + ex + "\n"
-    report += "\n## Targets (issue 6)\n"
+    report += "\n## Targets (issues 6, 12 and 15)\n"
     if contended:
         report += (f"(caution: {contended} rows overlapped other load (CONTENDED): verdicts below "
                    "include them)\n")
@@ -833,6 +856,8 @@ def main():
           "shape_list": a.shape_list, "causal_list": a.causal_list, "thread_list": a.thread_list,
           "peer_list": a.peer_list, "label": a.label})
     wait_idle(a)
+    if a.hwy_target:
+        os.environ["TESSERA_HWY_TARGET"] = a.hwy_target  # read by every tessera process
     peak, target = probe(a)
     log(f"FMA probe ({target}): " + ", ".join(f"{n} thr {g:.1f} GFLOP/s" for n, g in peak.items()))
     keep({"probe": peak, "target": target, "when": "start"})
