@@ -24,7 +24,8 @@ over each peer; then the issue's targets, MET / NOT MET with the numbers.
 Options: --models vit_b_16,swin_t,gpt,transformer  --threads 1,2  --rounds 3
 --runtimes tessera,torch,ort  --target NAME (a Highway target: tessera gets TESSERA_HWY_TARGET=NAME,
 and OPENBLAS_CORETYPE of the same ISA for the GEMMs it leaves to OpenBLAS (AVX2 -> Haswell,
-SSE4 -> Nehalem; --tessera-openblas-coretype overrides), the probe gets --target NAME; a target
+SSE4 -> Nehalem, unless the environment sets OPENBLAS_CORETYPE; --tessera-openblas-coretype
+overrides), the probe gets --target NAME; a target
 this CPU or build lacks is an error before anything runs)  --out LABEL (file stem in
 benchmarks/results/, or a path; default <date>-models-<cpu-tag>-<isa>, +"-quick" with --quick)
 --tessera PATH (default build/apps/tessera)  --probe PATH (default benchmarks/fma_probe of that
