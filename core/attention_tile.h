@@ -61,4 +61,30 @@ struct FlashAttentionTile {
   float* scratch = nullptr;  // flash_attention_scratch_floats(...) floats, 64-byte aligned
 };
 
+// One query row of one (batch, head) against the keys [key_begin, key_end) of a K/V cache, for
+// incremental decoding (KernelTable::decode_attention_block_f32). The cache stores keys
+// transposed, kt[d * kt_stride + s] (so keys sit in vector lanes: one new query row uses every
+// lane), values row-major, v[s * v_stride + j]. The block's scores are scale * q . k_s (+ mask[s]
+// when a mask is given, indexed by the absolute key position s); it writes its partial result
+// for a log-sum-exp merge in block order (decode_attention_merge_f32):
+//   m = the largest score, l = sum_s e^(score_s - m), o[j] = sum_s e^(score_s - m) v[s][j].
+// A block whose scores are all -inf writes m = -inf, l = 0, o = 0; a NaN score makes m, l and
+// every o NaN (the flash kernel's rules: masked rows give zeros, NaN propagates).
+struct DecodeAttentionBlock {
+  int64_t head_dim = 0;
+  int64_t v_head_dim = 0;
+  int64_t key_begin = 0, key_end = 0;  // key_begin < key_end
+  float scale = 1.0f;                   // multiplies q before the dot products
+  const float* q = nullptr;             // [head_dim]
+  const float* kt = nullptr;            // key s, dim d at kt[d * kt_stride + s]
+  int64_t kt_stride = 0;
+  const float* v = nullptr;  // value s at v + s * v_stride, v_head_dim floats
+  int64_t v_stride = 0;
+  const float* mask = nullptr;  // additive, mask[s]; may be null
+  float* scores = nullptr;  // scratch: key_end - key_begin floats, 64-byte aligned
+  float* o = nullptr;       // [v_head_dim]
+  float* m = nullptr;       // one float
+  float* l = nullptr;       // one float
+};
+
 }  // namespace tessera

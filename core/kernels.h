@@ -20,6 +20,7 @@ namespace tessera {
 // header. It stays in core because it is the slot's contract for every backend; defined next
 // to the CPU kernel, it would make the layer include one backend's header.
 struct FlashAttentionTile;
+struct DecodeAttentionBlock;
 
 // Projection kernels for one stored weight dtype, y[r, j] = sum_i x[r, i] w[j, i] + bias[j]
 // (x, bias, y float32; w in that dtype; bias may be null), in two steps: pack copies rows of x
@@ -140,6 +141,15 @@ struct KernelTable {
   // Scratch the kernel needs for a tile of `rows` queries, in floats.
   int64_t (*flash_attention_scratch_floats)(int64_t rows, int64_t head_dim,
                                             int64_t v_head_dim) = nullptr;
+
+  // Incremental decoding: one query row against one block of a K/V cache (core/attention_tile.h),
+  // then the blocks' partial results merged in block order: out[j] = sum_b e^(m_b - M) o_b[j] /
+  // sum_b e^(m_b - M) l_b with M = max_b m_b (o_b at o + b * o_stride). All blocks -inf: zeros;
+  // a NaN anywhere: NaN. Fixed blocks merged in order give the same bits at any thread count.
+  void (*decode_attention_block_f32)(const DecodeAttentionBlock& block) = nullptr;
+  void (*decode_attention_merge_f32)(int64_t blocks, int64_t v_head_dim, const float* m,
+                                     const float* l, const float* o, int64_t o_stride,
+                                     float* out) = nullptr;
 };
 
 }  // namespace tessera

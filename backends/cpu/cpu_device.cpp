@@ -29,6 +29,8 @@ KernelTable make_cpu_kernels() {
   t.softmax_columns_f32 = cpu::softmax_columns_f32;
   t.flash_attention_f32 = cpu::flash_attention_f32_dispatch;
   t.flash_attention_scratch_floats = cpu::flash_attention_scratch_floats_cpu;
+  t.decode_attention_block_f32 = cpu::decode_attention_block_f32;
+  t.decode_attention_merge_f32 = cpu::decode_attention_merge_f32;
   return t;
 }
 

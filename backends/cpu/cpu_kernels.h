@@ -30,6 +30,12 @@ void linear_packed_f32(int64_t m, int64_t k, const float* packed, int64_t p0, in
                        float* y, int64_t ldy);
 bool linear_packed_preferred_f32(int64_t m, int64_t k, int64_t n);
 
+// decode_attention_f32.cc: one query row against a block of a transposed-K cache, and the merge
+// of such blocks (contract: KernelTable::decode_attention_block_f32 / _merge_f32).
+void decode_attention_block_f32(const DecodeAttentionBlock& block);
+void decode_attention_merge_f32(int64_t blocks, int64_t v_head_dim, const float* m,
+                                const float* l, const float* o, int64_t o_stride, float* out);
+
 // softmax_f32.cc
 void softmax_rows_f32(int64_t rows, int64_t cols, const float* x, int64_t x_stride, float scale,
                       const float* mask, int64_t mask_stride, float* y, int64_t y_stride);
