@@ -172,7 +172,8 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype, Allocator& al
   if (t.numel() == 0) return t;
   auto* p = static_cast<uint8_t*>(t.raw_data());
   store_from_double(p, dtype, value);
-  for (int64_t i = 1; i < t.numel(); ++i) std::memcpy(p + i * es, p, es);
+  const int64_t n = t.numel();  // numel() walks the shape: once, not per element
+  for (int64_t i = 1; i < n; ++i) std::memcpy(p + i * es, p, es);
   return t;
 }
 
@@ -198,7 +199,8 @@ Tensor Tensor::randn(const Shape& shape, Generator& gen, double mean, double std
   Tensor t = empty(shape, dtype, allocator);
   auto* p = static_cast<uint8_t*>(t.raw_data());
   const size_t es = dtype_size(dtype);
-  for (int64_t i = 0; i < t.numel(); ++i) store_from_double(p + i * es, dtype, mean + std * gen.normal());
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) store_from_double(p + i * es, dtype, mean + std * gen.normal());
   return t;
 }
 
@@ -207,7 +209,8 @@ Tensor Tensor::rand(const Shape& shape, Generator& gen, double low, double high,
   Tensor t = empty(shape, dtype, allocator);
   auto* p = static_cast<uint8_t*>(t.raw_data());
   const size_t es = dtype_size(dtype);
-  for (int64_t i = 0; i < t.numel(); ++i)
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i)
     store_from_double(p + i * es, dtype, low + (high - low) * gen.uniform());
   return t;
 }

@@ -151,8 +151,9 @@ class ArangeOp : public Op {
   std::unique_ptr<OpLayer> instantiate(const InputTypes&,
                                        std::optional<uint64_t>) const override {
     return function_layer([](std::span<const Tensor* const>, std::span<Tensor* const> out) {
-      int64_t* p = out[0]->numel() ? out[0]->data<int64_t>() : nullptr;
-      for (int64_t i = 0; i < out[0]->numel(); ++i) p[i] = i;
+      const int64_t n = out[0]->numel();
+      int64_t* p = n ? out[0]->data<int64_t>() : nullptr;
+      for (int64_t i = 0; i < n; ++i) p[i] = i;
     });
   }
 

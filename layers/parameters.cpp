@@ -137,7 +137,8 @@ static void fill(Tensor& t, Generator& gen, double (*draw)(Generator&, double, d
                  double b) {
   Tensor f = Tensor::empty(t.shape(), DType::F32);
   float* p = f.data<float>();
-  for (int64_t i = 0; i < f.numel(); ++i) p[i] = static_cast<float>(draw(gen, a, b));
+  const int64_t n = f.numel();  // numel() walks the shape: once, not per element
+  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(draw(gen, a, b));
   t.copy_from(f);
 }
 
