@@ -55,6 +55,11 @@ struct FlashAttentionTile {
   // [(2 grid_h - 1) * (2 grid_w - 1)] floats, contiguous.
   const float* rel_table = nullptr;
   int64_t grid_h = 0, grid_w = 0;
+  // Optional region ids (Swin's shifted-window mask, added like the mask): token p has region
+  // id region[p], for queries p = q_pos0 + r and keys p = s; a query and a key in different
+  // regions get region_penalty added (torchvision's -100).
+  const int32_t* region = nullptr;
+  float region_penalty = 0.0f;
   bool causal = false;
   float* out = nullptr;  // [rows, v_head_dim]
   int64_t out_stride = 0;

@@ -37,10 +37,10 @@ int64_t tile_scores_floats(int64_t rows, int64_t kv_len) {
 }
 
 // need_weights=false and no dropout, with a fused kernel: the flash path.
-// A region mask (AttentionArgs::region) runs on the tiled path: the kernel takes no region ids.
+// A region mask (AttentionArgs::region: Swin's shifted windows) goes to the kernel as region
+// ids, so shifted windows take the fused path as well: no [rows, S] scores per window and head.
 bool fused_path(const KernelTable& k, const AttentionArgs& a) {
-  return !a.need_weights && a.dropout_p == 0.0f && k.flash_attention_f32 != nullptr &&
-         a.region_groups == 0;
+  return !a.need_weights && a.dropout_p == 0.0f && k.flash_attention_f32 != nullptr;
 }
 
 uint64_t mix64(uint64_t z) {
@@ -151,6 +151,10 @@ void attention_fused_f32(const KernelTable& k, AttentionArgs a, const AttentionS
         t.rel_table = a.rel_table + h * a.rel_head_stride;
         t.grid_h = a.grid_h;
         t.grid_w = a.grid_w;
+      }
+      if (a.region) {
+        t.region = a.region + (b % a.region_groups) * a.q_len;
+        t.region_penalty = a.region_penalty;
       }
       t.causal = a.causal;
       t.out = a.out + b * a.out_batch_stride + l0 * a.out_row_stride + h * a.out_head_stride;

@@ -48,7 +48,8 @@ struct AttentionArgs {
   // score (b, h, l, s) gets region_penalty added when the regions of l and s differ (after the
   // mask and the bias). The ids are computed per window from its position by the layer; no
   // [windows, L, S] mask is built. region_groups > 0 says a region mask is (or will be) given:
-  // set it when sizing the scratch. Runs on the tiled path (the fused kernel takes no ids).
+  // set it when sizing the scratch. The fused kernel takes the ids per tile
+  // (FlashAttentionTile::region); the tiled path adds the penalty to its scores tile.
   const int32_t* region = nullptr;
   int64_t region_groups = 0;
   float region_penalty = -100.0f;

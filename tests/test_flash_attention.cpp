@@ -64,6 +64,8 @@ struct Problem {
   std::vector<float> q, k, v, mask;  // mask: rows (or 1 when mask_stride == 0) x mask_stride
   int64_t grid_h = 0, grid_w = 0;    // relative-position bias when grid_h > 0
   std::vector<float> table;          // [(2 grid_h - 1) (2 grid_w - 1)]
+  std::vector<int32_t> region;       // region ids by token position, when not empty
+  float region_penalty = 0.0f;
 
   // Strides larger than the widths, by odd amounts.
   void Shape(int64_t rows_, int64_t kv_, int64_t d_, int64_t dv_) {
@@ -124,6 +126,7 @@ struct Problem {
        << " q_pos0=" << q_pos0 << " causal=" << causal << " scale=" << scale
        << " mask=" << (has_mask ? (mask_stride == 0 ? "one-row" : "full") : "none");
     if (grid_h > 0) os << " grid=" << grid_h << "x" << grid_w;
+    if (!region.empty()) os << " regions penalty=" << region_penalty;
     return os.str();
   }
 };
@@ -143,6 +146,9 @@ std::vector<double> Reference(Problem& p) {
       double x = static_cast<double>(p.scale) * dot;
       if (p.has_mask) x += p.mask_stride == 0 ? p.mask[static_cast<size_t>(s)] : p.M(r, s);
       if (p.grid_h > 0) x += p.Bias(r, s);
+      if (!p.region.empty() &&
+          p.region[static_cast<size_t>(p.q_pos0 + r)] != p.region[static_cast<size_t>(s)])
+        x += p.region_penalty;
       score[static_cast<size_t>(s)] = x;
       nan |= std::isnan(x);
       mx = std::max(mx, x);
@@ -194,6 +200,10 @@ std::vector<float> Run(Problem& p) {
     t.rel_table = p.table.data();
     t.grid_h = p.grid_h;
     t.grid_w = p.grid_w;
+  }
+  if (!p.region.empty()) {
+    t.region = p.region.data();
+    t.region_penalty = p.region_penalty;
   }
   t.causal = p.causal;
   t.out = out.data();
@@ -420,6 +430,52 @@ BOOST_AUTO_TEST_CASE(relative_position_bias) {
         for (int64_t s = 0; s < T; ++s) p.M(r, s) = masked(rng) ? -kInf : u(rng);
     }
     BOOST_TEST_REQUIRE(c.q_pos0 + c.rows <= T);
+    Check(p);
+  }
+}
+
+// Swin's shifted-window mask as region ids: a query and a key of different regions get the
+// penalty (-100 as torchvision, and -inf), with and without the relative-position bias and a
+// mask; windows of 49 (7 x 7) and 64 tokens, region ids laid out as shifted windows make them
+// (3 x 3 blocks) and at random.
+BOOST_AUTO_TEST_CASE(region_penalty) {
+  LogWorstError log;
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  struct Case {
+    int64_t h, w, q_pos0, rows;
+    bool bias, mask, random_ids;
+    float penalty;
+  };
+  const Case cases[] = {
+      {7, 7, 0, 49, true, false, false, -100.0f}, {7, 7, 16, 33, true, true, false, -100.0f},
+      {8, 8, 0, 64, true, false, true, -100.0f},  {8, 8, 0, 64, false, false, true, -kInf},
+      {5, 9, 3, 40, false, true, true, -3.5f},    {1, 1, 0, 1, true, false, false, -100.0f},
+      {12, 12, 32, 100, true, false, false, -100.0f},
+  };
+  for (const Case& c : cases) {
+    Problem p;
+    const int64_t T = c.h * c.w;
+    p.Shape(c.rows, T, 32, 32);
+    p.Random(rng);
+    p.q_pos0 = c.q_pos0;
+    p.scale = 0.18f;
+    if (c.bias) p.RelBias(c.h, c.w, rng);
+    p.region.resize(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      // Shifted windows: 3 bands per axis (the last 3 columns / rows a shift wraps around).
+      const int64_t y = t / c.w, x = t % c.w;
+      const int32_t ry = y < c.h - 3 ? 0 : (y < c.h - 1 ? 1 : 2);
+      const int32_t rx = x < c.w - 3 ? 0 : (x < c.w - 1 ? 1 : 2);
+      p.region[static_cast<size_t>(t)] =
+          c.random_ids ? static_cast<int32_t>(rng() % 4) : 3 * ry + rx;
+    }
+    p.region_penalty = c.penalty;
+    if (c.mask) {
+      p.Mask(false);
+      for (int64_t r = 0; r < c.rows; ++r)
+        for (int64_t s = 0; s < T; ++s) p.M(r, s) = u(rng);
+    }
     Check(p);
   }
 }

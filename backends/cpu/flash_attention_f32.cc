@@ -238,9 +238,9 @@ HWY_INLINE void PvTile(DF d, const BlockCtx& c, size_t r, size_t c0, size_t nk, 
 }
 
 // Writes the additive term of scores[j][row] for keys s0 .. s0+nk-1: mask[r0 + row][s0 + j]
-// plus the relative-position bias (either may be absent). Rows past nr get -inf (ignored by the
-// all-masked test). Returns false when every entry is -inf: the block adds nothing to these
-// rows and is skipped.
+// plus the relative-position bias plus the region penalty (any may be absent). Rows past nr get
+// -inf (ignored by the all-masked test). Returns false when every entry is -inf: the block adds
+// nothing to these rows and is skipped.
 template <size_t RV>
 HWY_INLINE bool FillAdditive(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
   const FlashAttentionTile& t = *c.t;
@@ -290,6 +290,13 @@ HWY_INLINE bool FillAdditive(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
         qb[i] = static_cast<int32_t>(qbase(q_first + static_cast<int64_t>(i < lanes ? i : 0)));
     const auto qbv = hn::Load(di, qb);
     const float* row_bias = bias_row ? t.rel_table + qbase(q_first) : nullptr;
+    // Region ids of this vector's queries (invalid lanes repeat lane 0's: valid memory).
+    HWY_ALIGN int32_t rq[hn::MaxLanes(DI())] = {};
+    if (t.region)
+      for (size_t i = 0; i < N; ++i)
+        rq[i] = t.region[q_first + static_cast<int64_t>(i < lanes ? i : 0)];
+    const auto rqv = hn::Load(di, rq);
+    const VF penalty = hn::Set(d, t.region_penalty);
 
     for (size_t j = 0; j < nk; ++j) {
       VF v = hn::Zero(d);
@@ -314,6 +321,11 @@ HWY_INLINE bool FillAdditive(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
           buf[i] = t.rel_table[qbase(q_first + static_cast<int64_t>(i < lanes ? i : 0)) - koff[j]];
         v = hn::Add(v, hn::Load(d, buf));
       }
+      if (t.region) {
+        const int32_t rk = t.region[s0 + static_cast<int64_t>(j)];
+        const auto differ = hn::RebindMask(d, hn::Ne(rqv, hn::Set(di, rk)));
+        v = hn::Add(v, hn::IfThenElseZero(differ, penalty));
+      }
       v = hn::IfThenElse(valid, v, neg_inf);
       visible = hn::Or(visible, hn::Ne(v, neg_inf));
       hn::Store(v, d, c.scores + j * c.rb + first);
@@ -327,7 +339,7 @@ template <size_t RV>
 void RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
   const FlashAttentionTile& t = *c.t;
   const size_t N = hn::Lanes(d);
-  const bool masked = t.mask != nullptr || t.rel_table != nullptr;
+  const bool masked = t.mask != nullptr || t.rel_table != nullptr || t.region != nullptr;
   if (masked && !FillAdditive<RV>(d, c, s0, nk)) return;
   // Row r0 (the block's first) sees keys s <= q_pos0 + r0; a block ending there needs no cut.
   const bool causal_cut = t.causal && s0 + static_cast<int64_t>(nk) - 1 > t.q_pos0 + c.r0;
