@@ -704,8 +704,10 @@ void CheckDecode(const DecodeProblem& p) {
   for (const int64_t target : compiled_targets()) {
     hwy::SetSupportedTargetsForTest(target);
     std::unique_ptr<float, decltype(&std::free)> scores(
-        static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((block + 16) * 4))),
+        // aligned_alloc wants a multiple of the alignment (ASan returns null otherwise).
+        static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((block + 16) / 16 * 64))),
         &std::free);
+    BOOST_REQUIRE(scores.get() != nullptr);
     std::vector<float> o(static_cast<size_t>(blocks * p.dv)), m(static_cast<size_t>(blocks)),
         l(static_cast<size_t>(blocks)), out(static_cast<size_t>(p.dv) + 1, kSentinel);
     for (int64_t b = 0; b < blocks; ++b) {
