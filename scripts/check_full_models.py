@@ -29,14 +29,7 @@ import torchvision
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "fixtures"))
 from st_format import save_file  # noqa: E402
-
-
-def gpt_class():
-    namespace = {}
-    path = os.path.join(ROOT, "tests", "fixtures", "gpt_reference.py")
-    with open(path) as f:
-        exec(compile(f.read(), path, "exec"), namespace)
-    return namespace["GPT"]
+from gen_model_fixtures import gpt_class  # noqa: E402
 
 
 def vision(arch, settings, batch=1):

@@ -7,7 +7,7 @@ forward takes the recipe's inputs positionally and returns its one output.
                         `transformer` it builds the causal tgt_mask inside forward (so the ONNX
                         export carries it too). state_dict names of the bare module are kept
                         in the bare module: save m.state_dict(), not the wrapper's
-  randomize(m, gen)     every parameter drawn (as tests/fixtures/gen_model_fixtures.py does)
+  randomize(m, gen)     every parameter drawn (tests/fixtures/gen_model_fixtures.py's, imported)
   make_inputs(name, g)  the fixed inputs, name -> tensor
 """
 import os
@@ -19,16 +19,10 @@ import torch.nn as nn
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(REPO, "tests", "fixtures"))
 from catalog import MODELS  # noqa: E402
-
-
-def gpt_class():
-    """GPT of tests/fixtures/gpt_reference.py (the verbatim copy of the shared reference)."""
-    path = os.path.join(REPO, "tests", "fixtures", "gpt_reference.py")
-    namespace = {}
-    with open(path) as f:
-        exec(compile(f.read(), path, "exec"), namespace)
-    return namespace["GPT"]
+# The test fixtures' GPT loader and parameter draw: one rule for fixtures and benchmarks.
+from gen_model_fixtures import gpt_class, randomize  # noqa: E402,F401
 
 
 def module(name):
@@ -66,23 +60,6 @@ class CausalTransformer(nn.Module):
 
 def wrapped(name, m):
     return CausalTransformer(m) if MODELS[name]["arch"] == "transformer" else Plain(m)
-
-
-def randomize(model, gen):
-    """Every parameter drawn (torchvision zero-initialises heads and class token: left so, a
-    graph that dropped them would still verify): matrices N(0, 1/fan_in), 1-D weights
-    (LayerNorm scales) 1 + N(0, 0.2^2), biases N(0, 0.2^2), ViT's class token and position
-    embedding N(0, 0.5^2). Same rule as tests/fixtures/gen_model_fixtures.py."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name in ("class_token", "encoder.pos_embedding"):
-                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
-            elif p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=gen) / p[0].numel() ** 0.5)
-            elif name.endswith("weight"):
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(0.2 * torch.randn(p.shape, generator=gen))
 
 
 def make_inputs(name, gen):
