@@ -17,17 +17,15 @@
 #include <hwy/highway.h>
 
 #include "benchmarks/fma_loop-inl.h"
+#include "benchmarks/fma_ceiling.h"
 #include "benchmarks/force_target.h"
 
 #if HWY_ONCE
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "backends/cpu/cpu_device.h"
@@ -42,44 +40,16 @@ HWY_EXPORT(ThisTarget);
 
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+double DispatchedFmaLoop(int64_t iters, float seed, float* sink) {
+  return HWY_DYNAMIC_DISPATCH(FmaLoop)(iters, seed, sink);
 }
 
-// Aggregate GFLOP/s of `threads` threads each running the FMA loop for ~0.2 s, best of 3.
+// Aggregate GFLOP/s of `threads` threads running the FMA loop together for ~0.2 s, best of 3.
 double fma_ceiling(int threads) {
-  float sink = 0.0f;
-  int64_t iters = 1 << 16;
-  for (;;) {
-    const double t0 = now_s();
-    HWY_DYNAMIC_DISPATCH(FmaLoop)(iters, 1.0f, &sink);
-    if (now_s() - t0 > 0.05) break;
-    iters *= 2;
-  }
-  iters *= 4;
+  const int64_t iters = calibrate_fma_loop(DispatchedFmaLoop, 200.0);
   double best = 0.0;
-  for (int round = 0; round < 3; ++round) {
-    std::vector<double> flops(static_cast<size_t>(threads));
-    std::vector<float> sinks(static_cast<size_t>(threads) * 16);
-    std::atomic<bool> go{false};
-    std::vector<std::thread> pool;
-    for (int i = 0; i < threads; ++i)
-      pool.emplace_back([&, i] {
-        while (!go.load(std::memory_order_acquire)) {
-        }
-        flops[static_cast<size_t>(i)] = HWY_DYNAMIC_DISPATCH(FmaLoop)(
-            iters, 1.0f + static_cast<float>(i + round), &sinks[static_cast<size_t>(i) * 16]);
-      });
-    const double t0 = now_s();
-    go.store(true, std::memory_order_release);
-    for (auto& t : pool) t.join();
-    const double s = now_s() - t0;
-    double total = 0.0;
-    for (double f : flops) total += f;
-    best = std::max(best, total / s * 1e-9);
-    if (sinks[0] == 12345.0f) std::printf(" ");  // keeps the results observable
-  }
+  for (int round = 0; round < 3; ++round)
+    best = std::max(best, fma_round_gflops(DispatchedFmaLoop, threads, iters, round));
   return best;
 }
 
@@ -94,9 +64,9 @@ Times time_runs(int reps, Fn&& fn) {
   fn();
   std::vector<double> ms;
   for (int i = 0; i < reps; ++i) {
-    const double t0 = now_s();
+    const double t0 = fma_now_s();
     fn();
-    ms.push_back((now_s() - t0) * 1e3);
+    ms.push_back((fma_now_s() - t0) * 1e3);
   }
   std::sort(ms.begin(), ms.end());
   return {ms[ms.size() / 2], ms.front()};

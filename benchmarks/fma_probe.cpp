@@ -16,11 +16,10 @@
 #include <hwy/highway.h>
 
 #include "benchmarks/fma_loop-inl.h"
+#include "benchmarks/fma_ceiling.h"
 #include "benchmarks/force_target.h"
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -36,57 +35,8 @@ HWY_EXPORT(ThisTarget);
 
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-// Iterations for about `ms` milliseconds on one thread.
-int64_t Calibrate(double ms) {
-  float sink = 0.0f;
-  int64_t iters = 1 << 16;
-  for (;;) {
-    const double t0 = Now();
-    HWY_DYNAMIC_DISPATCH(FmaLoop)(iters, 1.0f, &sink);
-    const double s = Now() - t0;
-    if (s * 1e3 >= ms / 4 || iters > (int64_t{1} << 40)) {
-      return std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(iters) * ms / (s * 1e3)));
-    }
-    iters *= 2;
-  }
-}
-
-// Aggregate GFLOP/s of `threads` threads running `iters` iterations each, started together:
-// all FLOPs over the wall time from the common start to the last thread's finish.
-double Round(int threads, int64_t iters, int round) {
-  std::vector<double> flops(static_cast<size_t>(threads)), end(static_cast<size_t>(threads));
-  std::vector<float> sinks(static_cast<size_t>(threads) * 16);
-  std::atomic<int> ready{0};
-  std::atomic<bool> go{false};
-  double start = 0.0;
-  std::vector<std::thread> pool;
-  for (int i = 0; i < threads; ++i) {
-    pool.emplace_back([&, i] {
-      ready.fetch_add(1);
-      while (!go.load(std::memory_order_acquire)) {
-      }
-      flops[static_cast<size_t>(i)] = HWY_DYNAMIC_DISPATCH(FmaLoop)(
-          iters, 1.0f + static_cast<float>(round + i), &sinks[static_cast<size_t>(i) * 16]);
-      end[static_cast<size_t>(i)] = Now();
-    });
-  }
-  while (ready.load() < threads) {
-  }
-  start = Now();
-  go.store(true, std::memory_order_release);
-  for (auto& t : pool) t.join();
-  double total = 0.0, last = start;
-  for (int i = 0; i < threads; ++i) {
-    total += flops[static_cast<size_t>(i)];
-    last = std::max(last, end[static_cast<size_t>(i)]);
-  }
-  if (sinks[0] == 12345.0f) std::printf(" ");  // keep the results observable
-  return total / std::max(last - start, 1e-9) * 1e-9;
+double DispatchedFmaLoop(int64_t iters, float seed, float* sink) {
+  return HWY_DYNAMIC_DISPATCH(FmaLoop)(iters, seed, sink);
 }
 
 }  // namespace
@@ -123,11 +73,11 @@ int main(int argc, char** argv) {
   }
   if (!target_name.empty() && !force_target(target_name)) return 2;
   const char* target = hwy::TargetName(HWY_DYNAMIC_DISPATCH(ThisTarget)());
-  const int64_t iters = Calibrate(ms);
+  const int64_t iters = calibrate_fma_loop(DispatchedFmaLoop, ms);
   std::vector<std::pair<int, double>> results;
   for (int n = only ? max_threads : 1; n <= max_threads; ++n) {
     double best = 0.0;
-    for (int r = 0; r < rounds; ++r) best = std::max(best, Round(n, iters, r));
+    for (int r = 0; r < rounds; ++r) best = std::max(best, fma_round_gflops(DispatchedFmaLoop, n, iters, r));
     results.emplace_back(n, best);
   }
   if (json) {
