@@ -213,13 +213,18 @@ std::vector<float> Run(Problem& p) {
   return out;
 }
 
-// Runs p on every target and compares with the reference; one failure message per target.
-void Check(Problem& p) {
-  const std::vector<double> ref = Reference(p);
+// Both kernels' tolerance: 2e-6 * max(1, max |ref|) over the reference's non-NaN values.
+double Tolerance(const std::vector<double>& ref) {
   double ref_max = 0.0;
   for (const double x : ref)
     if (!std::isnan(x)) ref_max = std::max(ref_max, std::fabs(x));
-  const double tol = 2e-6 * std::max(1.0, ref_max);
+  return 2e-6 * std::max(1.0, ref_max);
+}
+
+// Runs p on every target and compares with the reference; one failure message per target.
+void Check(Problem& p) {
+  const std::vector<double> ref = Reference(p);
+  const double tol = Tolerance(ref);
   TargetReset reset;
   for (const int64_t target : compiled_targets()) {
     hwy::SetSupportedTargetsForTest(target);
@@ -696,10 +701,7 @@ void CheckDecode(const DecodeProblem& p) {
   }
   const int64_t block = p.block > 0 ? p.block : p.S;
   const int64_t blocks = (p.S + block - 1) / block;
-  double ref_max = 0.0;
-  for (const double x : ref)
-    if (!std::isnan(x)) ref_max = std::max(ref_max, std::fabs(x));
-  const double tol = 2e-6 * std::max(1.0, ref_max);
+  const double tol = Tolerance(ref);
   TargetReset reset;
   for (const int64_t target : compiled_targets()) {
     hwy::SetSupportedTargetsForTest(target);
