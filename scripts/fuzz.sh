@@ -1,21 +1,19 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (fuzz/: clang-14, ASan + UBSan + coverage) in build-fuzz and runs
-# each on its committed seed corpus for SECONDS (default 60), one after the other.
+# Builds the libFuzzer targets (fuzz/: clang-14, ASan + UBSan + coverage) in the ASan build that
+# scripts/sanitize.sh shares (scripts/setup_asan.sh, build-asan) and runs each on its committed
+# seed corpus for SECONDS (default 60), one after the other.
 #   scripts/fuzz.sh [SECONDS [TARGET...]]      TARGET: fuzz_safetensors fuzz_network fuzz_run
-# New inputs go to build-fuzz/corpus/<target>/ (kept between runs, never committed), crashes to
-# build-fuzz/artifacts/<target>/. Long runs: `scripts/fuzz.sh 3600`; SECURITY.md has more.
+# New inputs go to build-asan/corpus/<target>/ (kept between runs, never committed), crashes to
+# build-asan/artifacts/<target>/. Long runs: `scripts/fuzz.sh 3600`; SECURITY.md has more.
 # Exits non-zero when a target crashed, leaked, hung (-timeout) or ran out of memory.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 SECONDS_PER_TARGET=${1:-60}
 TARGETS=("${@:2}")
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=(fuzz_safetensors fuzz_network fuzz_run)
-BUILD_DIR=${FUZZ_BUILD_DIR:-build-fuzz}
+export BUILD_DIR=${BUILD_DIR:-build-asan}
 
-# libFuzzer needs clang (Debian's clang-14 and its runtime libraries).
-EXTRA_PACKAGES="clang-14 libclang-rt-14-dev libfuzzer-14-dev" CC=clang-14 CXX=clang++-14 \
-  scripts/setup.sh "$BUILD_DIR" -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
-  --buildtype=debugoptimized -Dtests=false -Dbenchmarks=false
+scripts/setup_asan.sh
 ninja -C "$BUILD_DIR" "${TARGETS[@]/#/fuzz/}"
 
 # UBSan findings abort, so libFuzzer records them as crashes.
