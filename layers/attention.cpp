@@ -9,9 +9,10 @@
 #include "core/parallel.h"
 #include "core/random.h"
 #include "core/text.h"
-#include "layers/op_args.h"
 #include "layers/attention_core.h"
 #include "layers/linear.h"
+#include "layers/op_args.h"
+#include "layers/tensor_checks.h"
 
 namespace tessera {
 
@@ -299,10 +300,13 @@ struct AttentionLayerScratch {
   float* rel_table = nullptr;  // the bias table transposed, one row per head
   float* linear = nullptr;     // the projections' packed input, one at a time
   AttentionScratch core;
+  CachedAttentionScratch cached;  // incremental runs instead of `core`
 };
 
+// `cached` (incremental runs): the cached core's scratch instead of the full core's.
 AttentionLayerScratch layout_scratch(const AttentionOptions& o, int64_t B, int64_t T, int64_t D,
-                                     const AttentionArgs& args, Workspace& ws) {
+                                     const AttentionArgs& args, Workspace& ws,
+                                     const CachedAttentionArgs* cached = nullptr) {
   AttentionLayerScratch s;
   if (B == 0 || T == 0) return s;
   const Device& device = cpu_device();
@@ -316,11 +320,56 @@ AttentionLayerScratch layout_scratch(const AttentionOptions& o, int64_t B, int64
   if (o.relative_position_bias) s.rel_table = ws.take<float>(args.rel_head_stride * o.heads);
   s.linear = ws.take<float>(std::max(linear_workspace_floats(device, rows, D, 3 * D),
                                      linear_workspace_floats(device, rows, D, D)));
-  s.core = attention_scratch(device, args, ws);
+  if (cached)
+    s.cached = cached_attention_scratch(device, *cached, ws);
+  else
+    s.core = attention_scratch(device, args, ws);
   return s;
 }
 
+// The cached core's arguments: the full core's layout (the packed q|k|v buffer of the new
+// positions, the o_proj input) with the positions so far.
+CachedAttentionArgs cached_args(const AttentionArgs& a, int64_t past, int64_t capacity) {
+  CachedAttentionArgs c;
+  c.batch = a.batch;
+  c.heads = a.heads;
+  c.head_dim = a.head_dim;
+  c.v_head_dim = a.v_head_dim;
+  c.past = past;
+  c.new_len = a.q_len;
+  c.capacity = capacity;
+  c.scale = a.scale;
+  c.q_batch_stride = a.q_batch_stride;
+  c.q_row_stride = a.q_row_stride;
+  c.q_head_stride = a.q_head_stride;
+  c.k_batch_stride = a.k_batch_stride;
+  c.k_row_stride = a.k_row_stride;
+  c.k_head_stride = a.k_head_stride;
+  c.v_batch_stride = a.v_batch_stride;
+  c.v_row_stride = a.v_row_stride;
+  c.v_head_stride = a.v_head_stride;
+  c.out_batch_stride = a.out_batch_stride;
+  c.out_row_stride = a.out_row_stride;
+  c.out_head_stride = a.out_head_stride;
+  return c;
+}
+
 }  // namespace
+
+size_t attention_cached_workspace_bytes(const AttentionOptions& options, int64_t dim,
+                                        int64_t batch, int64_t seq_len, int64_t capacity) {
+  Workspace counter;
+  const AttentionArgs a = core_args(options, batch, seq_len, dim, false);
+  const CachedAttentionArgs c = cached_args(a, 0, capacity);
+  layout_scratch(options, batch, seq_len, dim, a, counter, &c);
+  return counter.peak();
+}
+
+int64_t attention_cache_floats(const AttentionOptions& options, int64_t dim, int64_t batch,
+                               int64_t capacity) {
+  const int64_t hd = dim / options.heads;
+  return cached_attention_cache_floats(batch, options.heads, hd, hd, capacity);
+}
 
 size_t attention_workspace_bytes(const AttentionOptions& options, int64_t dim, int64_t batch,
                                  int64_t seq_len, bool dropout) {
@@ -357,13 +406,27 @@ Tensor Attention::forward(const Tensor& x, uint64_t dropout_seed) const {
 
 void Attention::forward_into(const Tensor& x, Tensor& out, Workspace& ws,
                              uint64_t dropout_seed) const {
+  forward_impl(x, out, ws, dropout_seed, nullptr);
+}
+
+void Attention::forward_cached_into(const Tensor& x, Tensor& out, Workspace& ws,
+                                    const StepState& step) const {
+  forward_impl(x, out, ws, 0, &step);
+}
+
+void Attention::forward_impl(const Tensor& x, Tensor& out, Workspace& ws, uint64_t dropout_seed,
+                             const StepState* step) const {
   const int64_t B = x.size(0), T = x.size(1), D = dim_;
   if (B == 0 || T == 0) return;
   const Device& device = cpu_device();
   const KernelTable& kern = device.kernels();
   const int64_t heads = opt_.heads, hd = D / heads, rows = B * T, D3 = 3 * D;
-  AttentionArgs a = core_args(opt_, B, T, D, training_ && opt_.dropout > 0.0);
-  const AttentionLayerScratch s = layout_scratch(opt_, B, T, D, a, ws);
+  AttentionArgs a = core_args(opt_, B, T, D, !step && training_ && opt_.dropout > 0.0);
+  CachedAttentionArgs c;
+  if (step) c = cached_args(a, step->past, step->capacity);
+  const AttentionLayerScratch s = layout_scratch(opt_, B, T, D, a, ws, step ? &c : nullptr);
+  // Positions of this call: 0.. for a full forward, past.. for an incremental one.
+  const int64_t first = step ? step->past : 0;
 
   // Packed q/k/v weights. They are bound to the parameters unless someone replaced a parameter
   // tensor outside load_state_dict/reset_parameters; then pack a private copy for this call
@@ -398,7 +461,7 @@ void Attention::forward_into(const Tensor& x, Tensor& out, Workspace& ws,
       const float theta = static_cast<float>(
           std::pow(10000.0, -2.0 * static_cast<double>(i) / static_cast<double>(hd)));
       for (int64_t t = 0; t < T; ++t) {
-        const float angle = static_cast<float>(t) * theta;
+        const float angle = static_cast<float>(first + t) * theta;
         cos_t[t * half + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
         sin_t[t * half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
       }
@@ -432,7 +495,16 @@ void Attention::forward_into(const Tensor& x, Tensor& out, Workspace& ws,
   a.v = qkv_p + 2 * D;
   a.out = s.ctx;
   a.dropout_seed = dropout_seed;
-  attention_forward_f32(device, a, s.core);
+  if (step) {
+    c.q = a.q;
+    c.k = a.k;
+    c.v = a.v;
+    c.out = a.out;
+    c.cache = step->cache;
+    cached_attention_f32(device, c, s.cached);
+  } else {
+    attention_forward_f32(device, a, s.core);
+  }
 
   // 5. out = ctx Wo^T + bo.
   linear_forward_f32(device, rows, D, D, s.ctx, D, params_.tensor("o_proj.weight").data<float>(),
@@ -485,6 +557,10 @@ class AttentionLayer : public OpLayer {
                Workspace& ws) const override {
     attention_.check_input(*in[0]);
     attention_.forward_into(*in[0], *out[0], ws);
+  }
+  void forward_step(std::span<const Tensor* const> in, std::span<Tensor* const> out,
+                    Workspace& ws, const StepState& step) const override {
+    attention_.forward_cached_into(*in[0], *out[0], ws, step);
   }
 
  private:
@@ -579,6 +655,29 @@ class AttentionOp : public Op {
     // Attention::Attention: q/k/v weights packed as one [3D, D] matrix and a [3D] bias beside
     // the parameters.
     return sizeof(float) * (3.0 * d * d + 3.0 * d);
+  }
+  // Cached: causal, without a relative-position bias (its grid fixes the sequence), over x's
+  // sequence dim. Dropout does not apply (inference).
+  StepRole step_role(const InputTypes& in, const std::string& seq,
+                     std::string& why) const override {
+    if (!opt_.causal)
+      why = "attention without causal looks at later positions";
+    else if (opt_.relative_position_bias)
+      why = "relative_position_bias ties the sequence to a fixed grid";
+    else if (seq_axis(in[0]->shape, seq) != 1)
+      why = "x " + sym_shape_to_string(in[0]->shape) + " does not have the sequence dim " + seq +
+            " at dim 1";
+    else
+      return StepRole::cached;
+    return StepRole::none;
+  }
+  int64_t cache_floats(const InputTypes& in, int64_t batch, int64_t capacity) const override {
+    return attention_cache_floats(opt_, in[0]->shape[2].value, batch, capacity);
+  }
+  double step_workspace_bytes(const InputTypes& in, int64_t capacity) const override {
+    const SymShape& s = in[0]->shape;
+    return static_cast<double>(attention_cached_workspace_bytes(opt_, s[2].value, s[0].value,
+                                                                s[1].value, capacity));
   }
   std::unique_ptr<OpLayer> instantiate(const InputTypes& in,
                                        std::optional<uint64_t> seed) const override {

@@ -71,6 +71,12 @@ class Attention {
   // forward's work on a checked, contiguous float32 x into `out` (contiguous float32
   // [B, T, D]), scratch from `ws` (workspace_bytes(B, T)). Allocates nothing.
   void forward_into(const Tensor& x, Tensor& out, Workspace& ws, uint64_t dropout_seed = 0) const;
+  // Incremental causal forward (generation): x [B, T, D] holds positions step.past .. past+T-1 of
+  // each sequence (rope rotates them at those positions); keys and values of the earlier ones
+  // are in step.cache (attention_cache_floats), which this call extends. Causal, no relative
+  // position bias, no dropout (the op checks). Scratch: attention_cached_workspace_bytes.
+  void forward_cached_into(const Tensor& x, Tensor& out, Workspace& ws,
+                           const StepState& step) const;
   // The scratch forward_into takes for x [batch, seq_len, D], from the same layout it uses.
   size_t workspace_bytes(int64_t batch, int64_t seq_len) const;
 
@@ -82,6 +88,8 @@ class Attention {
   const AttentionOptions& options() const { return opt_; }
 
  private:
+  void forward_impl(const Tensor& x, Tensor& out, Workspace& ws, uint64_t dropout_seed,
+                    const StepState* step) const;
   // Points q/k/v_proj.weight (and .bias) at row blocks of the packed qkv_weight_ [3D, D] and
   // qkv_bias_ [3D], copying in any value that was replaced (ParameterSet::load assigns fresh
   // tensors). In-place writes through parameters() then reach the packed copy by themselves.
@@ -105,6 +113,10 @@ std::vector<std::pair<std::string, Shape>> attention_parameter_shapes(
 
 // The scratch Attention::forward_into takes for x [batch, seq_len, dim] (`dropout`: training
 // mode with dropout > 0), from the same layout function it runs.
+size_t attention_cached_workspace_bytes(const AttentionOptions& options, int64_t dim,
+                                        int64_t batch, int64_t seq_len, int64_t capacity);
+int64_t attention_cache_floats(const AttentionOptions& options, int64_t dim, int64_t batch,
+                               int64_t capacity);
 size_t attention_workspace_bytes(const AttentionOptions& options, int64_t dim, int64_t batch,
                                  int64_t seq_len, bool dropout);
 

@@ -88,4 +88,57 @@ AttentionScratch attention_scratch(const Device& device, const AttentionArgs& ar
 void attention_forward_f32(const Device& device, const AttentionArgs& args,
                            const AttentionScratch& scratch);
 
+// ------------------------------------------------------------------ cached (incremental) attention
+// Causal self-attention of `new_len` new positions of each sequence against the keys and values
+// of every position so far, kept in a cache between calls (generation, runtime/generation.h).
+// Position t of a call is absolute position past + t and sees keys 0..past + t. The call first
+// writes its new keys and values into the cache, then:
+//  - past == 0 (the prompt): the fused causal path of attention_forward_f32 over the new q/k/v,
+//    the same computation as a full forward of the prompt;
+//  - past > 0 (a step): the decode kernel, one query row at a time, keys in vector lanes, over
+//    blocks of kDecodeKeyBlock keys merged by log-sum-exp in block order. The blocks are fixed by
+//    position, not by thread count, so results are bitwise the same for any number of threads.
+// Cache layout of one layer, per (batch, head): the keys transposed, kt[d * capacity + s], then
+// the values row-major, v[s * v_head_dim + j] (cached_attention_cache_floats).
+struct CachedAttentionArgs {
+  int64_t batch = 0, heads = 0;
+  int64_t head_dim = 0, v_head_dim = 0;
+  int64_t past = 0;      // positions already in the cache, per sequence
+  int64_t new_len = 0;   // positions of this call (past + new_len <= capacity: the layer checks)
+  int64_t capacity = 0;  // positions the cache holds
+  float scale = 1.0f;
+  // The new positions' projections, element (b, t, h, d) as in AttentionArgs.
+  const float* q = nullptr;
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  const float* k = nullptr;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  const float* v = nullptr;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  float* out = nullptr;
+  int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
+  float* cache = nullptr;  // cached_attention_cache_floats(...) floats
+};
+
+// Keys per decode block: 256 keys of d = 64 are 64 KB of K and V, an L2-sized unit of work
+// (~10 us), and at context 4096 give 16 blocks per head to split over the threads.
+constexpr int64_t kDecodeKeyBlock = 256;
+
+int64_t cached_attention_cache_floats(int64_t batch, int64_t heads, int64_t head_dim,
+                                      int64_t v_head_dim, int64_t capacity);
+
+struct CachedAttentionScratch {
+  AttentionScratch prefill;   // attention_forward_f32's, for past == 0
+  float* partial = nullptr;   // per (batch, head, block): m, l, o[v_head_dim] of one query row
+  WorkerScratch scores;       // kDecodeKeyBlock floats per worker
+};
+
+// Lays out the scratch of cached_attention_f32 for `args` (sizes only; pointers may be null):
+// enough for any past <= capacity - new_len, so one plan serves the prompt and every step.
+CachedAttentionScratch cached_attention_scratch(const Device& device,
+                                                const CachedAttentionArgs& args, Workspace& ws);
+
+// Validates nothing. Allocates nothing.
+void cached_attention_f32(const Device& device, const CachedAttentionArgs& args,
+                          const CachedAttentionScratch& scratch);
+
 }  // namespace tessera

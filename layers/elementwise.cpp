@@ -207,6 +207,9 @@ class UnaryMapOp : public Op {
     return {{{in[0]->shape, DType::F32}}, {}};
   }
   OpCost cost(const InputTypes& in) const override { return {elements(in[0]->shape), 0.0}; }
+  StepRole step_role(const InputTypes&, const std::string&, std::string&) const override {
+    return StepRole::per_position;
+  }
   std::unique_ptr<OpLayer> instantiate(const InputTypes&, std::optional<uint64_t>) const override {
     return function_layer(
         [op = op_, w = where()](std::span<const Tensor* const> in, std::span<Tensor* const> out) {
@@ -236,6 +239,9 @@ class GeluOp : public Op {
     return {{{in[0]->shape, DType::F32}}, {}};
   }
   OpCost cost(const InputTypes& in) const override { return {elements(in[0]->shape), 0.0}; }
+  StepRole step_role(const InputTypes&, const std::string&, std::string&) const override {
+    return StepRole::per_position;
+  }
   std::unique_ptr<OpLayer> instantiate(const InputTypes&, std::optional<uint64_t>) const override {
     return function_layer([tanh = tanh_, w = where()](std::span<const Tensor* const> in,
                                                       std::span<Tensor* const> out) {
@@ -289,6 +295,27 @@ class BinaryOp : public Op {
     SymbolBindings none;
     return {elements(infer(in, none).outputs[0].shape), 0.0};
   }
+  // Per position when each operand has the sequence dim where the result has it, or broadcasts
+  // there (size 1 or too few dims): a [T, D] operand fixed to the context would not be.
+  StepRole step_role(const InputTypes& in, const std::string& seq,
+                     std::string& why) const override {
+    SymbolBindings none;
+    const SymShape out = infer(in, none).outputs[0].shape;
+    const int64_t axis = seq_axis(out, seq);
+    if (axis < 0) return StepRole::per_position;
+    const int64_t from_end = static_cast<int64_t>(out.size()) - axis;
+    for (size_t k = 0; k < 2; ++k) {
+      const SymShape& s = in[k]->shape;
+      const int64_t rank = static_cast<int64_t>(s.size());
+      if (rank < from_end) continue;
+      const Dim& d = s[static_cast<size_t>(rank - from_end)];
+      if ((d.is_fixed() && d.value == 1) || (!d.is_fixed() && d.text == seq)) continue;
+      why = std::string(k == 0 ? "a " : "b ") + sym_shape_to_string(s) + " does not follow the " +
+            "sequence dim " + seq + " of the result " + sym_shape_to_string(out);
+      return StepRole::none;
+    }
+    return StepRole::per_position;
+  }
   std::unique_ptr<OpLayer> instantiate(const InputTypes&, std::optional<uint64_t>) const override {
     return function_layer(
         [op = op_, w = where()](std::span<const Tensor* const> in, std::span<Tensor* const> out) {
@@ -320,6 +347,14 @@ class SoftmaxOp : public Op {
     return {{{in[0]->shape, DType::F32}}, {}};
   }
   OpCost cost(const InputTypes& in) const override { return {elements(in[0]->shape), 0.0}; }
+  StepRole step_role(const InputTypes& in, const std::string& seq,
+                     std::string& why) const override {
+    const int64_t rank = std::max<int64_t>(static_cast<int64_t>(in[0]->shape.size()), 1);
+    const int64_t d = dim_ < 0 ? dim_ + rank : dim_;
+    if (d != seq_axis(in[0]->shape, seq)) return StepRole::per_position;
+    why = "softmax over the sequence dim " + seq;
+    return StepRole::none;
+  }
   std::unique_ptr<OpLayer> instantiate(const InputTypes&, std::optional<uint64_t>) const override {
     return function_layer(
         [dim = dim_, w = where()](std::span<const Tensor* const> in, std::span<Tensor* const> out) {
@@ -357,6 +392,9 @@ class DropoutOp : public Op {
     return {{{in[0]->shape, DType::F32}}, {}};
   }
   OpCost cost(const InputTypes&) const override { return {}; }
+  StepRole step_role(const InputTypes&, const std::string&, std::string&) const override {
+    return StepRole::per_position;
+  }
   std::unique_ptr<OpLayer> instantiate(const InputTypes&, std::optional<uint64_t>) const override {
     return function_layer(
         [w = where()](std::span<const Tensor* const> in, std::span<Tensor* const> out) {

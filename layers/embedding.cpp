@@ -12,6 +12,7 @@
 #include "core/text.h"
 #include "layers/op.h"
 #include "layers/op_args.h"
+#include "layers/tensor_checks.h"
 
 namespace tessera {
 
@@ -116,6 +117,9 @@ class EmbeddingOp : public Op {
     return r;
   }
   OpCost cost(const InputTypes&) const override { return {}; }  // data movement only
+  StepRole step_role(const InputTypes&, const std::string&, std::string&) const override {
+    return StepRole::per_position;
+  }
   std::unique_ptr<OpLayer> instantiate(const InputTypes&,
                                        std::optional<uint64_t> seed) const override {
     return std::make_unique<EmbeddingLayer>(num_, dim_, padding_idx_, seed, where());
@@ -127,6 +131,25 @@ class EmbeddingOp : public Op {
 };
 
 // ---------------------------------------------------------------- arange
+
+class ArangeLayer : public OpLayer {
+ public:
+  void forward(std::span<const Tensor* const>, std::span<Tensor* const> out,
+               Workspace&) const override {
+    fill(*out[0], 0);
+  }
+  void forward_step(std::span<const Tensor* const>, std::span<Tensor* const> out, Workspace&,
+                    const StepState& step) const override {
+    fill(*out[0], step.past);
+  }
+
+ private:
+  static void fill(Tensor& out, int64_t first) {
+    const int64_t n = out.numel();
+    int64_t* p = n ? out.data<int64_t>() : nullptr;
+    for (int64_t i = 0; i < n; ++i) p[i] = first + i;
+  }
+};
 
 class ArangeOp : public Op {
  public:
@@ -148,13 +171,16 @@ class ArangeOp : public Op {
     return r;
   }
   OpCost cost(const InputTypes&) const override { return {}; }
+  // Over the sequence dim: the positions of this run, past .. past + T - 1. Over any other dim
+  // the values do not depend on the sequence.
+  StepRole step_role(const InputTypes& in, const std::string& seq, std::string&) const override {
+    const int64_t rank = static_cast<int64_t>(in[0]->shape.size());
+    const int64_t d = dim_ < 0 ? dim_ + rank : dim_;
+    return d == seq_axis(in[0]->shape, seq) ? StepRole::positions : StepRole::per_position;
+  }
   std::unique_ptr<OpLayer> instantiate(const InputTypes&,
                                        std::optional<uint64_t>) const override {
-    return function_layer([](std::span<const Tensor* const>, std::span<Tensor* const> out) {
-      const int64_t n = out[0]->numel();
-      int64_t* p = n ? out[0]->data<int64_t>() : nullptr;
-      for (int64_t i = 0; i < n; ++i) p[i] = i;
-    });
+    return std::make_unique<ArangeLayer>();
   }
 
  private:

@@ -320,6 +320,10 @@ class LinearOp : public Op {
         static_cast<double>(linear_workspace_floats(cpu_device(), static_cast<int64_t>(rows), K, out_));
     return c;
   }
+  // in_features and the weight are fixed (infer), so x's rows are positions.
+  StepRole step_role(const InputTypes&, const std::string&, std::string&) const override {
+    return StepRole::per_position;
+  }
   std::unique_ptr<OpLayer> instantiate(const InputTypes& in,
                                        std::optional<uint64_t> seed) const override {
     if (in[1])

@@ -41,6 +41,7 @@
 #include "layers/attention_core.h"
 #include "layers/linear.h"
 #include "layers/op_args.h"
+#include "layers/tensor_checks.h"
 
 namespace tessera {
 
@@ -232,7 +233,91 @@ MhaScratch layout_scratch(const Device& device, const MhaDims& d, const MaskPlan
   return s;
 }
 
+// ------------------------------------------------------------- incremental (cached) forward
+// Causal self-attention one step at a time (generation): the packed in-projection of the new
+// positions only, the cached attention core (keys and values of every earlier position kept in
+// the node's cache), the out-projection. The prompt (past == 0) takes the same GEMMs and the same
+// fused causal kernel as mha_forward_f32, so its outputs are the full forward's.
+CachedAttentionArgs cached_core_args(const MhaDims& d, int64_t past, int64_t capacity) {
+  AttentionArgs a = core_args(d, MhaCall{false, false, true}, MaskPlan{}, true);
+  CachedAttentionArgs c;
+  c.batch = d.N;
+  c.heads = d.H;
+  c.head_dim = c.v_head_dim = d.D;
+  c.past = past;
+  c.new_len = d.L;
+  c.capacity = capacity;
+  c.scale = a.scale;
+  c.q_batch_stride = a.q_batch_stride;
+  c.q_row_stride = a.q_row_stride;
+  c.q_head_stride = a.q_head_stride;
+  c.k_batch_stride = a.k_batch_stride;
+  c.k_row_stride = a.k_row_stride;
+  c.k_head_stride = a.k_head_stride;
+  c.v_batch_stride = a.v_batch_stride;
+  c.v_row_stride = a.v_row_stride;
+  c.v_head_stride = a.v_head_stride;
+  c.out_batch_stride = a.out_batch_stride;
+  c.out_row_stride = a.out_row_stride;
+  c.out_head_stride = a.out_head_stride;
+  return c;
+}
+
+struct MhaCachedScratch {
+  float* qkv = nullptr;       // [rows, 3E]
+  float* attn_out = nullptr;  // [rows, E]
+  float* linear = nullptr;
+  CachedAttentionScratch core;
+};
+
+MhaCachedScratch layout_cached_scratch(const Device& device, const MhaDims& d,
+                                       const CachedAttentionArgs& c, Workspace& ws) {
+  MhaCachedScratch s;
+  if (d.N == 0 || d.L == 0) return s;
+  s.qkv = ws.take<float>(d.N * d.L * 3 * d.E);
+  s.attn_out = ws.take<float>(d.N * d.L * d.E);
+  s.linear = ws.take<float>(std::max(linear_workspace_floats(device, d.N * d.L, d.E, 3 * d.E),
+                                     linear_workspace_floats(device, d.N * d.L, d.E, d.E)));
+  s.core = cached_attention_scratch(device, c, ws);
+  return s;
+}
+
 }  // namespace
+
+size_t mha_cached_workspace_bytes(const MultiheadAttentionOptions& options, const Shape& query,
+                                  int64_t capacity) {
+  const MhaDims d = mha_dims(options, query, query);
+  Workspace counting;
+  layout_cached_scratch(cpu_device(), d, cached_core_args(d, 0, capacity), counting);
+  return counting.peak();
+}
+
+int64_t mha_cache_floats(const MultiheadAttentionOptions& options, int64_t batch,
+                         int64_t capacity) {
+  const int64_t D = options.embed_dim / options.num_heads;
+  return cached_attention_cache_floats(batch, options.num_heads, D, D, capacity);
+}
+
+void mha_forward_cached_f32(const MultiheadAttentionOptions& opt, const MhaWeights& w,
+                            const Tensor& query, Tensor& output, const StepState& step,
+                            Workspace& ws) {
+  const MhaDims d = mha_dims(opt, query.shape(), query.shape());
+  if (d.N == 0 || d.L == 0) return;
+  const Device& device = cpu_device();
+  CachedAttentionArgs c = cached_core_args(d, step.past, step.capacity);
+  const MhaCachedScratch s = layout_cached_scratch(device, d, c, ws);
+  // The new positions' q | k | v: one GEMM over their rows, in the input's own row order.
+  linear_forward_f32(device, d.N * d.L, d.E, 3 * d.E, query.data<float>(), d.E, w.in_proj_weight,
+                     w.in_proj_bias, s.qkv, 3 * d.E, s.linear);
+  c.q = s.qkv;
+  c.k = s.qkv + d.E;
+  c.v = s.qkv + 2 * d.E;
+  c.out = s.attn_out;
+  c.cache = step.cache;
+  cached_attention_f32(device, c, s.core);
+  linear_forward_f32(device, d.N * d.L, d.E, d.E, s.attn_out, d.E, w.out_proj_weight,
+                     w.out_proj_bias, output.data<float>(), d.E, s.linear);
+}
 
 // ------------------------------------------------------------------------------- the rules
 
@@ -674,6 +759,11 @@ class MultiheadAttentionLayer : public OpLayer {
     mha_forward_f32(mha_.options(), mha_weights(mha_.parameters(), mha_.options()), call_, q, k, v,
                     in[3], in[4], *out[0], call_.need_weights ? out[1] : nullptr, ws);
   }
+  void forward_step(std::span<const Tensor* const> in, std::span<Tensor* const> out,
+                    Workspace& ws, const StepState& step) const override {
+    mha_forward_cached_f32(mha_.options(), mha_weights(mha_.parameters(), mha_.options()), *in[0],
+                           *out[0], step, ws);
+  }
 
  private:
   MultiheadAttention mha_;
@@ -720,6 +810,36 @@ class MultiheadAttentionOp : public Op {
     c.workspace_bytes = static_cast<double>(
         mha_workspace_bytes(opt_, call_, q, k, in[3] != nullptr, in[4] ? &am : nullptr));
     return c;
+  }
+  // Cached: batched causal self-attention (query only) over the sequence dim, nothing else that
+  // looks across positions or grows with them (masks, weights, appended key positions).
+  StepRole step_role(const InputTypes& in, const std::string& seq,
+                     std::string& why) const override {
+    const SymShape& q = in[0]->shape;
+    const int64_t seq_dim = opt_.batch_first ? 1 : 0;
+    if (!call_.is_causal)
+      why = "multihead attention without is_causal looks at later positions";
+    else if (in[1] || in[2])
+      why = "key/value are given: only self-attention (query alone) is cached";
+    else if (in[3] || in[4])
+      why = "a mask is given (only is_causal is supported incrementally)";
+    else if (call_.need_weights)
+      why = "need_weights=true (the weights span every position)";
+    else if (opt_.add_bias_kv || opt_.add_zero_attn)
+      why = "add_bias_kv/add_zero_attn append key positions";
+    else if (q.size() != 3 || seq_axis(q, seq) != seq_dim)
+      why = "query " + sym_shape_to_string(q) + " does not have the sequence dim " + seq +
+            " at dim " + str(seq_dim) + " of a batched input";
+    else
+      return StepRole::cached;
+    return StepRole::none;
+  }
+  int64_t cache_floats(const InputTypes&, int64_t batch, int64_t capacity) const override {
+    return mha_cache_floats(opt_, batch, capacity);
+  }
+  double step_workspace_bytes(const InputTypes& in, int64_t capacity) const override {
+    return static_cast<double>(
+        mha_cached_workspace_bytes(opt_, concrete_shape(in[0]->shape), capacity));
   }
   std::unique_ptr<OpLayer> instantiate(const InputTypes&,
                                        std::optional<uint64_t> seed) const override {

@@ -75,6 +75,17 @@ void mha_forward_f32(const MultiheadAttentionOptions& options, const MhaWeights&
                      const MhaCall& call, const Tensor& query, const Tensor& key,
                      const Tensor& value, const Tensor* key_padding_mask, const Tensor* attn_mask,
                      Tensor& output, Tensor* attn_weights, Workspace& workspace);
+// Incremental causal self-attention (generation; the op's StepRole::cached): `query` holds the
+// new positions of every sequence, keys and values of the earlier ones are in step.cache
+// (mha_cache_floats floats for the batch and capacity), which this call extends. Self-attention
+// with the packed in-projection, no masks, no weights, no appended positions: the op checks.
+void mha_forward_cached_f32(const MultiheadAttentionOptions& options, const MhaWeights& weights,
+                            const Tensor& query, Tensor& output, const StepState& step,
+                            Workspace& workspace);
+size_t mha_cached_workspace_bytes(const MultiheadAttentionOptions& options, const Shape& query,
+                                  int64_t capacity);
+int64_t mha_cache_floats(const MultiheadAttentionOptions& options, int64_t batch,
+                         int64_t capacity);
 // The float32 parameters of `params` (which must be float32).
 MhaWeights mha_weights(const ParameterSet& params, const MultiheadAttentionOptions& options);
 

@@ -603,11 +603,94 @@ void check_run_memory(const Model& model, const std::map<std::string, TensorDesc
 
 }  // namespace
 
-Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs) : model_(&model) {
+// ---------------------------------------------------------------- incremental runs
+
+std::pair<std::string, std::string> DecodeState::ids_input(const Network& net) {
+  const auto& ins = net.spec().inputs;
+  const std::string where = "generate";
+  if (ins.size() != 1)
+    fail(ErrorCode::Arg, where,
+         "the network has " + str(static_cast<int64_t>(ins.size())) +
+             " inputs; incremental runs need one, int64 ids [B, T]");
+  const ValueType& t = net.values()[static_cast<size_t>(net.inputs()[0])].type;
+  if (t.dtype != DType::I64 || t.shape.size() != 2 || !t.shape[1].is_symbol())
+    fail(ErrorCode::Arg, where,
+         "input " + ins[0].name + " is " + dtype_name(t.dtype) + " " + sym_shape_to_string(t.shape) +
+             "; incremental runs need int64 ids [B, T] with T a symbol (the sequence)");
+  return {ins[0].name, t.shape[1].text};
+}
+
+namespace {
+
+InputTypes resolved_inputs(const Network& net, const ResolvedNode& node) {
+  InputTypes in;
+  for (int id : node.inputs)
+    in.push_back(id >= 0 ? &net.values()[static_cast<size_t>(id)].type : nullptr);
+  return in;
+}
+
+}  // namespace
+
+std::vector<StepRole> DecodeState::step_roles(const Network& net) {
+  const std::string seq = ids_input(net).second;
+  std::vector<StepRole> roles;
+  for (const ResolvedNode& node : net.nodes()) {
+    std::string why;
+    const StepRole role = node.op->step_role(resolved_inputs(net, node), seq, why);
+    if (role == StepRole::none)
+      fail(ErrorCode::Arg, node.op->where(),
+           "the network cannot run one position at a time (generate): " + why);
+    roles.push_back(role);
+  }
+  return roles;
+}
+
+DecodeState::DecodeState(const Model& model, int64_t batch, int64_t capacity)
+    : model_(&model), batch_(batch), capacity_(capacity) {
+  const Network& net = model.network();
+  roles_ = step_roles(net);
+  if (batch < 1 || capacity < 1)
+    fail(ErrorCode::Shape, "generate",
+         "batch=" + str(batch) + " and capacity=" + str(capacity) + " must be >= 1");
+  const auto& nodes = net.nodes();
+  std::vector<int64_t> floats(nodes.size(), 0);
+  double bytes = model.memory_bytes();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (roles_[i] != StepRole::cached) continue;
+    floats[i] = nodes[i].op->cache_floats(resolved_inputs(net, nodes[i]), batch, capacity);
+    bytes += static_cast<double>(floats[i]) * sizeof(float);
+  }
+  check_memory_budget(bytes, "generate",
+                      "the key/value caches for batch " + str(batch) + " x " + str(capacity) +
+                          " positions with the model");
+  caches_.resize(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (roles_[i] == StepRole::cached) caches_[i] = Tensor::empty({std::max<int64_t>(floats[i], 1)});
+}
+
+double DecodeState::cache_bytes() const {
+  double bytes = 0.0;
+  for (const Tensor& c : caches_)
+    if (c.defined()) bytes += static_cast<double>(c.nbytes());
+  return bytes;
+}
+
+Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs,
+           const DecodeState* decode)
+    : model_(&model), decode_(decode) {
   const Network& net = model.network();
   const NetworkSpec& spec = net.spec();
   check_input_names(spec, inputs);
   types_ = net.bind(graph_input_types(net, inputs));
+  if (decode) {
+    if (decode->model_ != &model)
+      fail(ErrorCode::Internal, "generate", "the decode state belongs to another model");
+    const Shape& ids = inputs.at(spec.inputs[0].name).shape;
+    if (ids[0] != decode->batch())
+      fail(ErrorCode::Shape, "input " + spec.inputs[0].name,
+           "shape " + shape_to_string(ids) + " does not have the batch of the decode state, " +
+               str(decode->batch()));
+  }
 
   const auto& nodes = net.nodes();
   const size_t n_values = types_.size();
@@ -619,6 +702,8 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs) 
     const OpCost cost = nodes[i].op->cost(in);
     flops_ += cost.flops;
     workspace = std::max(workspace, cost.workspace_bytes);
+    if (decode && decode->roles_[i] == StepRole::cached)
+      workspace = std::max(workspace, nodes[i].op->step_workspace_bytes(in, decode->capacity()));
   }
 
   BufferAssignment assignment = assign_buffers(net, types_);
@@ -666,6 +751,27 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs) 
 
 const std::vector<std::pair<std::string, Tensor>>& Plan::run(
     const std::map<std::string, Tensor>& inputs) {
+  bind_inputs(inputs);
+  run_nodes(nullptr);
+  return outputs_;
+}
+
+const std::vector<std::pair<std::string, Tensor>>& Plan::run(
+    const std::map<std::string, Tensor>& inputs, DecodeState& state) {
+  if (decode_ != &state)
+    fail(ErrorCode::Internal, "generate", "the plan was not made for this decode state");
+  const int64_t T = input_shapes_[0][1];
+  if (state.past_ + T > state.capacity_)
+    fail(ErrorCode::Shape, "generate",
+         str(state.past_) + " positions so far and " + str(T) + " more pass the capacity of " +
+             str(state.capacity_));
+  bind_inputs(inputs);
+  run_nodes(&state);
+  state.past_ += T;
+  return outputs_;
+}
+
+void Plan::bind_inputs(const std::map<std::string, Tensor>& inputs) {
   const Network& net = model_->network();
   const NetworkSpec& spec = net.spec();
   if (inputs.size() != spec.inputs.size())
@@ -699,11 +805,24 @@ const std::vector<std::pair<std::string, Tensor>>& Plan::run(
       values_[id] = input_conversion_[i];
     }
   }
+}
+
+void Plan::run_nodes(DecodeState* state) {
+  const Network& net = model_->network();
   const auto& nodes = net.nodes();
   for (size_t i = 0; i < nodes.size(); ++i) {
     try {
       Workspace ws(workspace_.raw_data(), workspace_.nbytes());
-      model_->layer(i).forward(node_in_[i], node_out_[i], ws);
+      if (state) {
+        StepState step;
+        step.past = state->past_;
+        step.capacity = state->capacity_;
+        const Tensor& cache = state->caches_[i];
+        step.cache = cache.defined() ? cache.data<float>() : nullptr;
+        model_->layer(i).forward_step(node_in_[i], node_out_[i], ws, step);
+      } else {
+        model_->layer(i).forward(node_in_[i], node_out_[i], ws);
+      }
     } catch (const Error& e) {
       // Name the node, whatever name the layer gave itself.
       if (e.where() == nodes[i].op->where()) throw;
@@ -712,7 +831,6 @@ const std::vector<std::pair<std::string, Tensor>>& Plan::run(
   }
   for (size_t k = 0; k < outputs_.size(); ++k)
     outputs_[k].second = values_[static_cast<size_t>(net.outputs()[k].second)];
-  return outputs_;
 }
 
 std::vector<Plan::Buffer> Plan::buffers() const {

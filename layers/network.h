@@ -131,6 +131,43 @@ class Model {
   double memory_bytes_ = 0.0;
 };
 
+// What incremental runs (generation, interfaces.md §6) keep between calls: the caches of the
+// network's causal attention nodes for `batch` sequences of up to `capacity` positions, and how
+// many positions of each sequence have run. A network runs incrementally when it has one int64
+// input [B, T] (T a symbol: the sequence) and every node acts per position, is an arange over T
+// (offset by the positions run before) or is causal self-attention (cached). The plans that run
+// on a state (Plan with a DecodeState) share it; the state must outlive them, and one state
+// serves one thread at a time.
+class DecodeState {
+ public:
+  // E_ARG naming the ids input that is missing or the node that prevents incremental runs;
+  // E_SHAPE when the caches exceed the memory budget (with the model). `model` must outlive the
+  // state.
+  DecodeState(const Model& model, int64_t batch, int64_t capacity);
+  DecodeState(const DecodeState&) = delete;
+  DecodeState& operator=(const DecodeState&) = delete;
+
+  // The network input holding the ids, and the symbol of its sequence dim (E_ARG as above).
+  static std::pair<std::string, std::string> ids_input(const Network& network);
+  // Every node's role (E_ARG as above), indexed like network.nodes().
+  static std::vector<StepRole> step_roles(const Network& network);
+  int64_t batch() const { return batch_; }
+  int64_t capacity() const { return capacity_; }
+  int64_t past() const { return past_; }  // positions of each sequence run so far
+  // Bytes of every cache.
+  double cache_bytes() const;
+  // Forgets every position (the caches are overwritten as positions run again).
+  void reset() { past_ = 0; }
+
+ private:
+  friend class Plan;
+  const Model* model_;
+  int64_t batch_, capacity_;
+  int64_t past_ = 0;
+  std::vector<StepRole> roles_;  // per node
+  std::vector<Tensor> caches_;   // per node; defined for cached nodes
+};
+
 // A tensor's shape and stored dtype, for binding a plan.
 struct TensorDesc {
   Shape shape;
@@ -146,7 +183,11 @@ class Plan {
   // the model: inputs, buffers, outputs layers allocate and the largest scratch of any node.
   // `model` must outlive the plan. A plan runs on one thread at a time; give each thread its
   // own.
-  Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs);
+  // With `decode`, the plan runs incrementally on that state (run(inputs, state)): the ids input
+  // holds the new positions, [state.batch(), T] (E_SHAPE otherwise), and the workspace covers
+  // the cached nodes' steps at the state's capacity.
+  Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs,
+       const DecodeState* decode = nullptr);
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
 
@@ -155,6 +196,12 @@ class Plan {
   // keeps its dtype); the tensors live in the plan's buffers and are overwritten by the next run.
   const std::vector<std::pair<std::string, Tensor>>& run(
       const std::map<std::string, Tensor>& inputs);
+
+  // An incremental run of a plan made with `state`: the ids are positions state.past() ..
+  // past + T - 1 of each sequence; E_SHAPE when they would pass the state's capacity. Cached
+  // nodes read and extend the state's caches; past() advances by T.
+  const std::vector<std::pair<std::string, Tensor>>& run(
+      const std::map<std::string, Tensor>& inputs, DecodeState& state);
 
   // FLOPs of one run (the ops' convention, OpCost in op.h).
   double flops() const { return flops_; }
@@ -177,7 +224,11 @@ class Plan {
   const std::vector<int>& value_buffers() const { return value_buffer_; }
 
  private:
+  void bind_inputs(const std::map<std::string, Tensor>& inputs);
+  void run_nodes(DecodeState* state);
+
   const Model* model_;
+  const DecodeState* decode_ = nullptr;  // the state the plan was made for, if any
   std::vector<ValueType> types_;
   double flops_ = 0.0;
   std::vector<Tensor> buffers_;           // the intermediate buffers, 1-D float32

@@ -134,6 +134,10 @@ class LayerNormOp : public Op {
     // fvcore's count: subtract the mean, square, sum, scale (4), plus the affine (5).
     return {(affine_ ? 5.0 : 4.0) * elements(in[0]->shape), 0.0};
   }
+  // The normalized (last) dim is fixed (infer), so never the sequence dim.
+  StepRole step_role(const InputTypes&, const std::string&, std::string&) const override {
+    return StepRole::per_position;
+  }
   std::unique_ptr<OpLayer> instantiate(const InputTypes& in,
                                        std::optional<uint64_t>) const override {
     return std::make_unique<LayerNormLayer>(in[0]->shape.back().value, eps_, affine_, where());

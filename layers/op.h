@@ -71,6 +71,22 @@ struct OpCost {
 // input_ports() (null for an absent optional port).
 using InputTypes = std::vector<const ValueType*>;
 
+// How a node takes part in incremental runs (generation, interfaces.md §6: the network runs on
+// the new positions of each sequence only, T of them, the ones before already run).
+enum class StepRole {
+  none,          // its output at a position depends on other positions: no incremental runs
+  per_position,  // its output at a position depends only on its inputs at that position
+  positions,     // arange over the sequence: its values are offset by the positions run before
+  cached,        // causal self-attention: keeps every position's keys and values (a cache)
+};
+
+// What an incremental run hands a node (Plan::run with a DecodeState).
+struct StepState {
+  int64_t past = 0;        // positions of each sequence run before this call
+  int64_t capacity = 0;    // positions the caches hold (past + T <= capacity)
+  float* cache = nullptr;  // a cached node's own cache: Op::cache_floats floats
+};
+
 // An op with its parameters, ready to run.
 class OpLayer {
  public:
@@ -86,6 +102,14 @@ class OpLayer {
   // `workspace`: at least Op::cost(in).workspace_bytes. Allocates nothing; thread-safe.
   virtual void forward(std::span<const Tensor* const> in, std::span<Tensor* const> out,
                        Workspace& workspace) const = 0;
+  // An incremental run over the new positions (`in` holds only those): for per_position nodes
+  // the plain forward; `positions` and `cached` nodes override it. `workspace`: at least
+  // Op::step_workspace_bytes.
+  virtual void forward_step(std::span<const Tensor* const> in, std::span<Tensor* const> out,
+                            Workspace& workspace, const StepState& step) const {
+    (void)step;
+    forward(in, out, workspace);
+  }
 };
 
 // A parameterless op's layer: forward is a function of the inputs and the op's arguments.
@@ -134,6 +158,28 @@ class Op {
   // omit them; one it carries must equal them (E_WEIGHTS otherwise). Not parameters: not
   // counted, not loaded.
   virtual std::vector<std::pair<std::string, Tensor>> persistent_buffers() const { return {}; }
+
+  // Incremental runs. `in` are the resolved types, `seq` the symbol of the sequence dim (the ids
+  // input's T). The role, or none with the reason in `why` (an op that does not say is none).
+  virtual StepRole step_role(const InputTypes& in, const std::string& seq,
+                             std::string& why) const {
+    (void)in;
+    (void)seq;
+    why = std::string("op ") + name() + " does not run one position at a time";
+    return StepRole::none;
+  }
+  // A cached node's cache for `batch` sequences of `capacity` positions, in floats.
+  virtual int64_t cache_floats(const InputTypes& in, int64_t batch, int64_t capacity) const {
+    (void)in;
+    (void)batch;
+    (void)capacity;
+    return 0;
+  }
+  // The scratch of forward_step on concrete types, for any past <= capacity - T.
+  virtual double step_workspace_bytes(const InputTypes& in, int64_t capacity) const {
+    (void)capacity;
+    return cost(in).workspace_bytes;
+  }
   // The op with its parameters, initialised from `seed` as the layer's reset does; without a
   // seed nothing is drawn (parameters stay zero, layer_norm's take their constant ones) and
   // large ones stay untouched memory, for a caller that loads every one next (a complete

@@ -33,4 +33,10 @@ int64_t product(std::span<const int64_t> s, size_t begin, size_t end) {
   return p;
 }
 
+int64_t seq_axis(const SymShape& shape, const std::string& seq) {
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (!shape[i].is_fixed() && shape[i].text == seq) return static_cast<int64_t>(i);
+  return -1;
+}
+
 }  // namespace tessera

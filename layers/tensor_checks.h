@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 
+#include "core/shape.h"
 #include "core/tensor.h"
 
 namespace tessera {
@@ -22,6 +23,10 @@ void check_output(const Tensor& y, std::span<const int64_t> shape, const char* n
 
 // Product of s[begin, end).
 int64_t product(std::span<const int64_t> s, size_t begin, size_t end);
+
+// Where the sequence symbol `seq` (generation's T) is in `shape`: its index, or -1 when the
+// shape has no such dim.
+int64_t seq_axis(const SymShape& shape, const std::string& seq);
 
 // Elementwise work per worker hand-off: 16K floats (64 KB, a quarter of L2) take ~2-10 us,
 // well above the ~1 us it costs to wake a worker.
