@@ -39,6 +39,12 @@ struct LinearKernels {
   // Whether `packed` beats OpenBLAS for y[m, n] = x[m, k] w^T on the target dispatched now
   // (asked at every call: tests and TESSERA_HWY_TARGET change the target at run time).
   bool (*preferred)(int64_t m, int64_t k, int64_t n) = nullptr;
+  // Few rows (a decode step: one position per sequence), m <= matvec_max_rows: y[r, j] for
+  // j in [n0, n1) straight from x and w, no packing; each weight row read once per call, so the
+  // call runs at memory speed. Every y element is the same sum whatever the split over j.
+  int64_t matvec_max_rows = 0;
+  void (*matvec)(int64_t m, int64_t k, const float* x, int64_t ldx, const void* w, int64_t ldw,
+                 int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) = nullptr;
 };
 
 // An elementwise map y[i] = f(x[i]) for i < n (y may alias x), named by the op it serves.

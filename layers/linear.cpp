@@ -84,6 +84,23 @@ void linear_packed_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in
   });
 }
 
+// A few rows (a decode step) against the whole weight: memory-bound, every weight read once.
+// Output features in fixed blocks of 64 (the split depends on the shape only), tasks of whole
+// blocks streaming at least ~256 KB of weights each (~20 us at 11-17 GB/s, well above a worker
+// hand-off). The gpt recipe's 124M weights, one token, 1 / 2 threads: see
+// benchmarks/results (bench_generate).
+void linear_matvec_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in_features,
+                               int64_t out_features, const float* x, int64_t x_stride,
+                               const float* w, const float* bias, float* y, int64_t y_stride) {
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (out_features + kBlock - 1) / kBlock;
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(kBlock * in_features, 1));
+  parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    lk.matvec(rows, in_features, x, x_stride, w, in_features, b0 * kBlock,
+              std::min(out_features, b1 * kBlock), bias, y, y_stride);
+  });
+}
+
 // Below ~2 MFLOP a second thread costs more (wake-up ~5-10 us) than it saves, and the packing
 // pass is not worth it either.
 bool small_product(int64_t rows, int64_t in_features, int64_t out_features) {
@@ -107,6 +124,12 @@ void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
                         const float* bias, float* y, int64_t y_stride, float* workspace) {
   if (rows <= 0 || out_features <= 0) return;
   const KernelTable& k = device.kernels();
+  if (const LinearKernels* lk = k.linear(DType::F32);
+      lk != nullptr && lk->matvec != nullptr && rows <= lk->matvec_max_rows) {
+    linear_matvec_forward_f32(*lk, rows, in_features, out_features, x, x_stride, w, bias, y,
+                              y_stride);
+    return;
+  }
   // The split below depends on the shape only, never on the thread count, so results are
   // bitwise identical on 1, 2 or 8 threads (security suite, determinism): OpenBLAS's result for
   // one element can change with the N of the call (measured: a [2, 512] x [512, 1024] product

@@ -1156,4 +1156,64 @@ BOOST_AUTO_TEST_CASE(linear_packed_matches_float64_and_any_split) {
   });
 }
 
+// LinearKernels::matvec (a decode step's projections: m <= matvec_max_rows rows straight from x
+// and w) against a float64 product on every target: each row count, k around the vector width
+// and its tails, features around the 4- and 2-row groups, strided x and y, with and without
+// bias; x, w and bias end at an inaccessible page, y's padding stays untouched. Computed in
+// feature ranges of 5 it must give the same bits (the layer splits features over threads).
+BOOST_AUTO_TEST_CASE(linear_matvec_matches_float64_and_any_split) {
+  const LinearKernels& k = *table().linear(DType::F32);
+  BOOST_TEST_REQUIRE(k.matvec != nullptr);
+  BOOST_TEST(k.matvec_max_rows == 4);
+  constexpr float kSentinel = -12345.0f;
+  for_each_target("linear_matvec_f32", [&] {
+    Generator gen(82);
+    for (int64_t m = 1; m <= k.matvec_max_rows; ++m)
+      for (const int64_t kk : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{16}, int64_t{17},
+                               int64_t{33}, int64_t{130}})
+        for (const int64_t n : {int64_t{1}, int64_t{3}, int64_t{4}, int64_t{9}, int64_t{70}})
+          for (const bool with_bias : {false, true}) {
+            const int64_t ldx = kk + 5, ldy = n + 3;
+            const size_t xn = static_cast<size_t>((m - 1) * ldx + kk);
+            GuardedFloats x(xn), w(static_cast<size_t>(n * kk)), bias(static_cast<size_t>(n));
+            const std::vector<float> xv = normal_vector(gen, xn, 0, 1);
+            const std::vector<float> wv = normal_vector(gen, static_cast<size_t>(n * kk), 0, 1);
+            const std::vector<float> bv = normal_vector(gen, static_cast<size_t>(n), 0, 1);
+            std::copy(xv.begin(), xv.end(), x.data());
+            std::copy(wv.begin(), wv.end(), w.data());
+            std::copy(bv.begin(), bv.end(), bias.data());
+            const float* b = with_bias ? bias.data() : nullptr;
+            std::vector<float> y(static_cast<size_t>(m * ldy), kSentinel), y2 = y;
+            k.matvec(m, kk, x.data(), ldx, w.data(), kk, 0, n, b, y.data(), ldy);
+            for (int64_t n0 = 0; n0 < n; n0 += 5)
+              k.matvec(m, kk, x.data(), ldx, w.data(), kk, n0, std::min(n, n0 + 5), b, y2.data(),
+                       ldy);
+            int bad = 0, differ = 0;
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < ldy; ++j) {
+                const float got = y[static_cast<size_t>(i * ldy + j)];
+                differ += bits_of(got) != bits_of(y2[static_cast<size_t>(i * ldy + j)]);
+                if (j >= n) {
+                  bad += bits_of(got) != bits_of(kSentinel);
+                  continue;
+                }
+                double ref = with_bias ? bias.data()[j] : 0.0, mag = std::abs(ref);
+                for (int64_t q = 0; q < kk; ++q) {
+                  const double t = static_cast<double>(x.data()[i * ldx + q]) * w.data()[j * kk + q];
+                  ref += t;
+                  mag += std::abs(t);
+                }
+                const double tol = 2.0 * static_cast<double>(kk + 1) * 0x1p-24 * mag + 1e-30;
+                if (!(std::abs(got - ref) <= tol) && bad++ < 3)
+                  BOOST_ERROR("matvec m" << m << " n" << n << " k" << kk << " bias " << with_bias
+                                         << " at (" << i << "," << j << "): " << got << " want "
+                                         << ref);
+              }
+            BOOST_TEST(bad == 0);
+            BOOST_TEST(differ == 0, "m" << m << " n" << n << " k" << kk << ": split changed "
+                                        << differ << " elements");
+          }
+  });
+}
+
 BOOST_AUTO_TEST_SUITE_END()

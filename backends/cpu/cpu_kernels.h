@@ -29,6 +29,11 @@ void linear_packed_f32(int64_t m, int64_t k, const float* packed, int64_t p0, in
                        const void* w, int64_t ldw, int64_t n0, int64_t n1, const float* bias,
                        float* y, int64_t ldy);
 bool linear_packed_preferred_f32(int64_t m, int64_t k, int64_t n);
+// Few rows (m <= kLinearMatvecRows): one dot product per output, the weights streamed once.
+inline constexpr int64_t kLinearMatvecRows = 4;
+void linear_matvec_f32(int64_t m, int64_t k, const float* x, int64_t ldx, const void* w,
+                       int64_t ldw, int64_t n0, int64_t n1, const float* bias, float* y,
+                       int64_t ldy);
 
 // decode_attention_f32.cc: one query row against a block of a transposed-K cache, and the merge
 // of such blocks (contract: KernelTable::decode_attention_block_f32 / _merge_f32).

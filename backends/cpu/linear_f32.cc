@@ -34,6 +34,7 @@
 #include <cstring>
 
 #include "backends/cpu/cpu_kernels.h"
+#include "core/simd_tail-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace tessera::HWY_NAMESPACE {
@@ -86,7 +87,75 @@ void Tile(const float* HWY_RESTRICT xp, size_t k, const float* const* w, size_t 
   }
 }
 
+// ---------------------------------------------------------------- few rows (decoding)
+// y[r][j] = x[r] . w[j] for R rows of x and J weight rows at a time: R*J vector accumulators
+// (R = 1, 2: J = 4; R = 3, 4: J = 2, at most 8 of the 16 AVX2 registers), the weight rows
+// streamed once, in order; each lane sums every Lanes()-th product, then the lanes are summed.
+// The order depends on k only, not on how the features are split over threads.
+template <size_t R, size_t J>
+void MatvecGroup(size_t k, const float* const* x, const float* const* w, float (*out)[J]) {
+  const DF d;
+  const size_t lanes = hn::Lanes(d);
+  VF acc[R][J];
+  for (size_t r = 0; r < R; ++r)
+    for (size_t j = 0; j < J; ++j) acc[r][j] = hn::Zero(d);
+  size_t kk = 0;
+  for (; kk + lanes <= k; kk += lanes) {
+    VF wv[J];
+    for (size_t j = 0; j < J; ++j) wv[j] = hn::LoadU(d, w[j] + kk);
+    for (size_t r = 0; r < R; ++r) {
+      const VF xv = hn::LoadU(d, x[r] + kk);
+      for (size_t j = 0; j < J; ++j) acc[r][j] = hn::MulAdd(xv, wv[j], acc[r][j]);
+    }
+  }
+  if (kk < k) {
+    VF wv[J];
+    for (size_t j = 0; j < J; ++j) wv[j] = LoadTail(d, w[j] + kk, k - kk, 0.0f);
+    for (size_t r = 0; r < R; ++r) {
+      const VF xv = LoadTail(d, x[r] + kk, k - kk, 0.0f);
+      for (size_t j = 0; j < J; ++j) acc[r][j] = hn::MulAdd(xv, wv[j], acc[r][j]);
+    }
+  }
+  for (size_t r = 0; r < R; ++r)
+    for (size_t j = 0; j < J; ++j) out[r][j] = hn::GetLane(hn::SumOfLanes(d, acc[r][j]));
+}
+
+template <size_t R>
+void MatvecRows(int64_t k, const float* const* x, const float* w, int64_t ldw, int64_t n0,
+                int64_t n1, const float* bias, float* const* y) {
+  constexpr size_t J = R <= 2 ? 4 : 2;
+  for (int64_t n = n0; n < n1; n += static_cast<int64_t>(J)) {
+    const size_t valid = static_cast<size_t>(std::min<int64_t>(J, n1 - n));
+    // Rows past n1 repeat the last one (valid memory); their results are dropped.
+    const float* wr[J];
+    for (size_t j = 0; j < J; ++j) wr[j] = w + std::min(n + static_cast<int64_t>(j), n1 - 1) * ldw;
+    float out[R][J];
+    MatvecGroup<R, J>(static_cast<size_t>(k), x, wr, out);
+    for (size_t r = 0; r < R; ++r)
+      for (size_t j = 0; j < valid; ++j)
+        y[r][n + static_cast<int64_t>(j)] =
+            out[r][j] + (bias ? bias[n + static_cast<int64_t>(j)] : 0.0f);
+  }
+}
+
 }  // namespace
+
+void LinearMatvecF32(int64_t m, int64_t k, const float* x, int64_t ldx, const float* w,
+                     int64_t ldw, int64_t n0, int64_t n1, const float* bias, float* y,
+                     int64_t ldy) {
+  const float* xr[cpu::kLinearMatvecRows];
+  float* yr[cpu::kLinearMatvecRows];
+  for (int64_t r = 0; r < m; ++r) {
+    xr[r] = x + r * ldx;
+    yr[r] = y + r * ldy;
+  }
+  switch (m) {
+    case 1: MatvecRows<1>(k, xr, w, ldw, n0, n1, bias, yr); break;
+    case 2: MatvecRows<2>(k, xr, w, ldw, n0, n1, bias, yr); break;
+    case 3: MatvecRows<3>(k, xr, w, ldw, n0, n1, bias, yr); break;
+    default: MatvecRows<4>(k, xr, w, ldw, n0, n1, bias, yr); break;
+  }
+}
 
 void LinearPackF32(int64_t m, int64_t k, const float* x, int64_t ldx, int64_t p0, int64_t p1,
                    float* packed) {
@@ -145,6 +214,7 @@ namespace tessera {
 HWY_EXPORT(LinearPackF32);
 HWY_EXPORT(LinearPackedF32);
 HWY_EXPORT(LinearPackedPreferredF32);
+HWY_EXPORT(LinearMatvecF32);
 
 namespace cpu {
 
@@ -162,6 +232,13 @@ void linear_packed_f32(int64_t m, int64_t k, const float* packed, int64_t p0, in
 
 bool linear_packed_preferred_f32(int64_t m, int64_t k, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(LinearPackedPreferredF32)(m, k, n);
+}
+
+void linear_matvec_f32(int64_t m, int64_t k, const float* x, int64_t ldx, const void* w,
+                       int64_t ldw, int64_t n0, int64_t n1, const float* bias, float* y,
+                       int64_t ldy) {
+  HWY_DYNAMIC_DISPATCH(LinearMatvecF32)
+  (m, k, x, ldx, static_cast<const float*>(w), ldw, n0, n1, bias, y, ldy);
 }
 
 }  // namespace cpu
