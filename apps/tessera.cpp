@@ -693,9 +693,9 @@ int cmd_generate(int argc, char** argv) {
   const std::string net = cmd.required("net", "NET (a network file)");
   if (cmd.has("prompt") == cmd.has("prompt-ids"))
     fail(ErrorCode::Arg, "generate", "give one of --prompt IDS.safetensors and --prompt-ids");
+  if (!cmd.has("max-new-tokens")) fail(ErrorCode::Arg, "generate", "missing --max-new-tokens N");
   const int64_t max_new = static_cast<int64_t>(
       cmd.integer("max-new-tokens", 0, 0, uint64_t{1} << 40));
-  if (!cmd.has("max-new-tokens")) fail(ErrorCode::Arg, "generate", "missing --max-new-tokens N");
   SamplingOptions sampling;
   sampling.temperature = cmd.number("temperature", 0.0, -1e300, 1e300);
   sampling.top_k = static_cast<int64_t>(cmd.integer("top-k", 0, 0, INT64_MAX));

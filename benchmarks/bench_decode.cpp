@@ -11,8 +11,6 @@
 //    by log-sum-exp, for S = 128 .. 8192 and a cache of 12 heads x S (the block touches each
 //    head's K and V once): GB/s of K and V read, and that as % of the one-thread bandwidth.
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -22,52 +20,12 @@
 #include <vector>
 
 #include "backends/cpu/cpu_device.h"
+#include "benchmarks/read_bandwidth.h"
 #include "core/attention_tile.h"
 #include "core/kernels.h"
 
-namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-// Sum of floats [begin, end) with 8 independent accumulators (the compiler vectorises it).
-float read_range(const float* p, size_t n) {
-  float acc[8] = {};
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += p[i + static_cast<size_t>(j)];
-  for (; i < n; ++i) acc[0] += p[i];
-  float s = 0.0f;
-  for (float a : acc) s += a;
-  return s;
-}
-
-double read_bandwidth_gbs(const std::vector<float>& buf, int threads) {
-  double best = 0.0;
-  std::vector<float> sinks(static_cast<size_t>(threads) * 16);
-  for (int pass = 0; pass < 5; ++pass) {
-    std::atomic<bool> go{false};
-    std::vector<std::thread> pool;
-    const size_t share = buf.size() / static_cast<size_t>(threads);
-    for (int t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] {
-        while (!go.load(std::memory_order_acquire)) {
-        }
-        sinks[static_cast<size_t>(t) * 16] = read_range(buf.data() + static_cast<size_t>(t) * share, share);
-      });
-    const double t0 = now_s();
-    go.store(true, std::memory_order_release);
-    for (auto& th : pool) th.join();
-    const double s = now_s() - t0;
-    best = std::max(best, static_cast<double>(share * static_cast<size_t>(threads)) * 4 / s * 1e-9);
-  }
-  if (sinks[0] == 12345.0f) std::printf(" ");  // keeps the sums observable
-  return best;
-}
-
-}  // namespace
+using tessera::bench::read_bandwidth_gbs;
+using tessera::bench::steady_now_s;
 
 int main(int argc, char** argv) {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -137,9 +95,9 @@ int main(int argc, char** argv) {
     const int reps = static_cast<int>(std::clamp<int64_t>(200000 / S, 5, 2000));
     double best = 1e30;
     for (int r = 0; r < 5; ++r) {
-      const double t0 = now_s();
+      const double t0 = steady_now_s();
       for (int i = 0; i < reps; ++i) step();
-      best = std::min(best, (now_s() - t0) / reps);
+      best = std::min(best, (steady_now_s() - t0) / reps);
     }
     std::free(scores);
     const double bytes = 2.0 * kHeads * kDim * S * 4, gbs = bytes / best * 1e-9;

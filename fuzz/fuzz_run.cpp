@@ -17,7 +17,10 @@
 //  - every failure is a tessera Error with a user-error code (never E_INTERNAL);
 //  - outputs have the planned shapes;
 //  - a second run of the same plan, whose buffers now hold the first run's values, gives the
-//    same bytes: no output depends on memory a run did not write first.
+//    same bytes: no output depends on memory a run did not write first;
+//  - a network that can generate (one int64 ids input [B, T], T >= 2) also runs incrementally:
+//    the prompt of T - 1 positions and one step through a GenerationSession, twice, with the
+//    same bytes both times (the incremental path's caches and plans read nothing unwritten).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -33,6 +36,7 @@
 #include "io/network_file.h"
 #include "io/safetensors.h"
 #include "layers/network.h"
+#include "runtime/generation.h"
 #include "runtime/loader.h"
 
 using namespace tessera;
@@ -60,6 +64,34 @@ std::vector<uint8_t> bytes_of(const Tensor& t) {
   const Tensor c = t.contiguous();
   const auto* p = static_cast<const uint8_t*>(c.raw_data());
   return std::vector<uint8_t>(p, p + c.nbytes());
+}
+
+// The prompt ids[:, :T-1], then one step with ids[:, T-1], when the network can generate.
+void generate_incrementally(const Model& model, const std::map<std::string, Tensor>& tensors) {
+  try {
+    GenerationSession::check(model.network());
+  } catch (const Error&) {
+    return;  // not a generating network: E_ARG, as the CLI says
+  }
+  const Tensor ids = tensors.begin()->second.to(DType::I64).contiguous();
+  if (ids.dim() != 2 || ids.size(0) < 1 || ids.size(1) < 2) return;
+  const int64_t B = ids.size(0), T = ids.size(1);
+  Tensor prompt = Tensor::empty({B, T - 1}, DType::I64);
+  std::vector<int64_t> last(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    std::memcpy(prompt.data<int64_t>() + b * (T - 1), ids.data<int64_t>() + b * T,
+                static_cast<size_t>(T - 1) * sizeof(int64_t));
+    last[static_cast<size_t>(b)] = ids.data<int64_t>()[b * T + T - 1];
+  }
+  std::vector<float> logits[2];
+  for (std::vector<float>& out : logits) {
+    GenerationSession session(model, B, T, SamplingOptions{});
+    session.prefill(prompt);
+    const float* step = session.step(last.data());
+    out.assign(step, step + B * session.vocab());
+  }
+  if (std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * sizeof(float)) != 0)
+    fuzz::bug(kTarget, "two incremental runs of one prompt gave different logits");
 }
 
 void run(bool strict, const std::vector<uint8_t>& net, const std::vector<uint8_t>& weights,
@@ -91,7 +123,8 @@ void run(bool strict, const std::vector<uint8_t>& net, const std::vector<uint8_t
   std::map<std::string, TensorDesc> descs;
   for (const NetworkInput& i : spec.inputs) {
     const SafetensorsTensorInfo& info = in.info(i.name);  // E_ARG when missing
-    if (!info.dtype || (!dtype_is_floating(*info.dtype) && *info.dtype != DType::Bool))
+    if (!info.dtype || (!dtype_is_floating(*info.dtype) && *info.dtype != DType::Bool &&
+                        *info.dtype != DType::I64 && *info.dtype != DType::I32))
       fail(ErrorCode::DType, "input " + i.name, "dtype " + info.dtype_name);
     Tensor t = in.tensor(i.name);
     descs[i.name] = TensorDesc{t.shape(), t.dtype()};
@@ -120,6 +153,8 @@ void run(bool strict, const std::vector<uint8_t>& net, const std::vector<uint8_t
   for (size_t k = 0; k < again.size(); ++k)
     if (bytes_of(again[k].second.to(DType::F32)) != first[k].second)
       fuzz::bug(kTarget, "output " + again[k].first + " differs between two runs of one plan");
+
+  generate_incrementally(model, tensors);
 }
 
 }  // namespace

@@ -289,6 +289,22 @@ SMALL = {
           "proj_bias": False, "attention_dropout": 0.0, "dropout": 0.1},
          {"x": "features.1.0.attn"}),
     ], {"y": "features.1.1.attn"}),
+    # A causal decoder that can generate (tessera generate, the incremental path): position table,
+    # MultiheadAttention with is_causal, attention@1 with causal rope, a tied head.
+    "gpt_causal": net({"ids": {"shape": ["B", "T"], "dtype": "int64"}}, [
+        ("tok", "embedding", {"num_embeddings": 5, "embedding_dim": 8}, {"x": "ids"}),
+        ("positions", "arange", {"dim": 1}, {"like": "ids"}),
+        ("pos", "embedding", {"num_embeddings": 6, "embedding_dim": 8}, {"x": "positions"}),
+        ("h", "add", {}, {"a": "tok", "b": "pos"}),
+        ("norm", "layer_norm", {}, {"x": "h"}),
+        ("sa", "multihead_attention", {"embed_dim": 8, "num_heads": 2, "batch_first": True,
+                                        "need_weights": False, "is_causal": True},
+         {"query": "norm"}),
+        ("res", "add", {}, {"a": "h", "b": "sa"}),
+        ("rope", "attention", {"heads": 2, "causal": True, "rope": True}, {"x": "res"}),
+        ("g", "gelu", {}, {"x": "rope"}),
+        ("logits", "linear", {"out_features": 5, "bias": False}, {"x": "g", "weight": "tok.weight"}),
+    ], {"logits": "logits"}),
     "matmul_broadcast": net({"a": ["B", 1, 4, 3], "b": [5, 3, 2], "v": [3], "u": [4]}, [
         ("p", "matmul", {}, {"a": "a", "b": "b"}),
         ("mv", "matmul", {}, {"a": "a", "b": "v"}),
@@ -382,7 +398,7 @@ def run_seeds():
     # Added later than the seeds above, so that their random draws stay as they were.
     for name in ["relu", "layout_window", "layout_merge", "layout_tokens", "conv_patch_mean",
                  "conv_strided_pool", "math_ops", "matmul_broadcast", "gpt_parts",
-                 "swin_window_attention", "swin_patch_merging"]:
+                 "swin_window_attention", "swin_patch_merging", "gpt_causal"]:
         n = SMALL[name]
         text = json.dumps(n, separators=(",", ":")).encode()
         write("run", name + "_random_init", run_seed(1, text, b"", input_file(n)))

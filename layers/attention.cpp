@@ -327,32 +327,6 @@ AttentionLayerScratch layout_scratch(const AttentionOptions& o, int64_t B, int64
   return s;
 }
 
-// The cached core's arguments: the full core's layout (the packed q|k|v buffer of the new
-// positions, the o_proj input) with the positions so far.
-CachedAttentionArgs cached_args(const AttentionArgs& a, int64_t past, int64_t capacity) {
-  CachedAttentionArgs c;
-  c.batch = a.batch;
-  c.heads = a.heads;
-  c.head_dim = a.head_dim;
-  c.v_head_dim = a.v_head_dim;
-  c.past = past;
-  c.new_len = a.q_len;
-  c.capacity = capacity;
-  c.scale = a.scale;
-  c.q_batch_stride = a.q_batch_stride;
-  c.q_row_stride = a.q_row_stride;
-  c.q_head_stride = a.q_head_stride;
-  c.k_batch_stride = a.k_batch_stride;
-  c.k_row_stride = a.k_row_stride;
-  c.k_head_stride = a.k_head_stride;
-  c.v_batch_stride = a.v_batch_stride;
-  c.v_row_stride = a.v_row_stride;
-  c.v_head_stride = a.v_head_stride;
-  c.out_batch_stride = a.out_batch_stride;
-  c.out_row_stride = a.out_row_stride;
-  c.out_head_stride = a.out_head_stride;
-  return c;
-}
 
 }  // namespace
 
@@ -360,7 +334,7 @@ size_t attention_cached_workspace_bytes(const AttentionOptions& options, int64_t
                                         int64_t batch, int64_t seq_len, int64_t capacity) {
   Workspace counter;
   const AttentionArgs a = core_args(options, batch, seq_len, dim, false);
-  const CachedAttentionArgs c = cached_args(a, 0, capacity);
+  const CachedAttentionArgs c = cached_attention_args(a, 0, capacity);
   layout_scratch(options, batch, seq_len, dim, a, counter, &c);
   return counter.peak();
 }
@@ -423,7 +397,7 @@ void Attention::forward_impl(const Tensor& x, Tensor& out, Workspace& ws, uint64
   const int64_t heads = opt_.heads, hd = D / heads, rows = B * T, D3 = 3 * D;
   AttentionArgs a = core_args(opt_, B, T, D, !step && training_ && opt_.dropout > 0.0);
   CachedAttentionArgs c;
-  if (step) c = cached_args(a, step->past, step->capacity);
+  if (step) c = cached_attention_args(a, step->past, step->capacity);
   const AttentionLayerScratch s = layout_scratch(opt_, B, T, D, a, ws, step ? &c : nullptr);
   // Positions of this call: 0.. for a full forward, past.. for an incremental one.
   const int64_t first = step ? step->past : 0;

@@ -426,6 +426,32 @@ int64_t partial_floats(const CachedAttentionArgs& c) { return 2 + c.v_head_dim; 
 
 }  // namespace
 
+CachedAttentionArgs cached_attention_args(const AttentionArgs& a, int64_t past,
+                                          int64_t capacity) {
+  CachedAttentionArgs c;
+  c.batch = a.batch;
+  c.heads = a.heads;
+  c.head_dim = a.head_dim;
+  c.v_head_dim = a.v_head_dim;
+  c.past = past;
+  c.new_len = a.q_len;
+  c.capacity = capacity;
+  c.scale = a.scale;
+  c.q_batch_stride = a.q_batch_stride;
+  c.q_row_stride = a.q_row_stride;
+  c.q_head_stride = a.q_head_stride;
+  c.k_batch_stride = a.k_batch_stride;
+  c.k_row_stride = a.k_row_stride;
+  c.k_head_stride = a.k_head_stride;
+  c.v_batch_stride = a.v_batch_stride;
+  c.v_row_stride = a.v_row_stride;
+  c.v_head_stride = a.v_head_stride;
+  c.out_batch_stride = a.out_batch_stride;
+  c.out_row_stride = a.out_row_stride;
+  c.out_head_stride = a.out_head_stride;
+  return c;
+}
+
 int64_t cached_attention_cache_floats(int64_t batch, int64_t heads, int64_t head_dim,
                                       int64_t v_head_dim, int64_t capacity) {
   return batch * heads * capacity * (head_dim + v_head_dim);

@@ -123,6 +123,11 @@ struct CachedAttentionArgs {
 // (~10 us), and at context 4096 give 16 blocks per head to split over the threads.
 constexpr int64_t kDecodeKeyBlock = 256;
 
+// The cached call of a layer whose full call is `full` (q_len = the new positions, the same
+// strides and scale), with `past` positions in a cache of `capacity`; pointers are not copied.
+CachedAttentionArgs cached_attention_args(const AttentionArgs& full, int64_t past,
+                                          int64_t capacity);
+
 int64_t cached_attention_cache_floats(int64_t batch, int64_t heads, int64_t head_dim,
                                       int64_t v_head_dim, int64_t capacity);
 

@@ -239,28 +239,8 @@ MhaScratch layout_scratch(const Device& device, const MhaDims& d, const MaskPlan
 // the node's cache), the out-projection. The prompt (past == 0) takes the same GEMMs and the same
 // fused causal kernel as mha_forward_f32, so its outputs are the full forward's.
 CachedAttentionArgs cached_core_args(const MhaDims& d, int64_t past, int64_t capacity) {
-  AttentionArgs a = core_args(d, MhaCall{false, false, true}, MaskPlan{}, true);
-  CachedAttentionArgs c;
-  c.batch = d.N;
-  c.heads = d.H;
-  c.head_dim = c.v_head_dim = d.D;
-  c.past = past;
-  c.new_len = d.L;
-  c.capacity = capacity;
-  c.scale = a.scale;
-  c.q_batch_stride = a.q_batch_stride;
-  c.q_row_stride = a.q_row_stride;
-  c.q_head_stride = a.q_head_stride;
-  c.k_batch_stride = a.k_batch_stride;
-  c.k_row_stride = a.k_row_stride;
-  c.k_head_stride = a.k_head_stride;
-  c.v_batch_stride = a.v_batch_stride;
-  c.v_row_stride = a.v_row_stride;
-  c.v_head_stride = a.v_head_stride;
-  c.out_batch_stride = a.out_batch_stride;
-  c.out_row_stride = a.out_row_stride;
-  c.out_head_stride = a.out_head_stride;
-  return c;
+  return cached_attention_args(core_args(d, MhaCall{false, false, true}, MaskPlan{}, true), past,
+                               capacity);
 }
 
 struct MhaCachedScratch {

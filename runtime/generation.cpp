@@ -69,14 +69,18 @@ std::optional<int64_t> GenerationSession::context(const Network& net) {
 
 GenerationSession::GenerationSession(const Model& model, int64_t batch, int64_t capacity,
                                      const SamplingOptions& sampling)
+    : GenerationSession(model, batch, capacity, sampling,
+                        DecodeState::ids_input(model.network())) {}
+
+GenerationSession::GenerationSession(const Model& model, int64_t batch, int64_t capacity,
+                                     const SamplingOptions& sampling,
+                                     const std::pair<std::string, std::string>& ids)
     : model_(model),
-      ids_name_(DecodeState::ids_input(model.network()).first),
+      ids_name_(ids.first),
       state_(model, batch, capacity),
       sampling_(sampling),
-      sampler_(sampling, batch, output_vocab(model.network(),
-                                             DecodeState::ids_input(model.network()).second),
-               kWhere),
-      vocab_(output_vocab(model.network(), DecodeState::ids_input(model.network()).second)) {
+      vocab_(output_vocab(model.network(), ids.second)),
+      sampler_(sampling, batch, vocab_, kWhere) {
   const std::optional<int64_t> limit = context(model.network());
   if (limit && capacity > *limit)
     fail(ErrorCode::Shape, kWhere,

@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -57,6 +58,8 @@ class GenerationSession {
   // Runs one new position per sequence (`tokens`: batch ids) after the ones so far; E_SHAPE past
   // the capacity. Returns the new position's logits as prefill does.
   const float* step(const int64_t* tokens);
+  // The logits of the last position run, [batch, vocab] (what prefill and step returned).
+  const float* logits() const { return logits_.data(); }
   // The next token of batch row `row` from its logits (greedy or sampled, runtime/sampling.h).
   int64_t sample(int64_t row, const float* logits) { return sampler_.next(row, logits); }
 
@@ -67,14 +70,18 @@ class GenerationSession {
                                              const std::function<void(int64_t)>& progress = {});
 
  private:
+  // `ids`: DecodeState::ids_input of the network (the input's name, the sequence symbol).
+  GenerationSession(const Model& model, int64_t batch, int64_t capacity,
+                    const SamplingOptions& sampling,
+                    const std::pair<std::string, std::string>& ids);
   const float* last_logits(const std::vector<std::pair<std::string, Tensor>>& outputs);
 
   const Model& model_;
   std::string ids_name_;
   DecodeState state_;
   SamplingOptions sampling_;
-  TokenSampler sampler_;
   int64_t vocab_ = 0;
+  TokenSampler sampler_;
   std::unique_ptr<Plan> prompt_plan_;  // bound to the last prompt's length
   int64_t prompt_len_ = 0;
   std::unique_ptr<Plan> step_plan_;    // bound to [batch, 1]

@@ -69,6 +69,9 @@ $CC -std=c99 -Wall -Wextra -Wpedantic -Werror "${san[@]}" "$src/examples/embed_c
 # shellcheck disable=SC2086
 $CXX -std=c++17 -Wall -Wextra -Wpedantic -Werror "${san[@]}" "$src/examples/embed_cpp/main.cpp" \
   $flags -o "$work/embed_cpp"
+# shellcheck disable=SC2086
+$CC -std=c99 -Wall -Wextra -Wpedantic -Werror "${san[@]}" "$src/examples/generate_c/main.c" \
+  $flags -o "$work/generate_c"
 
 # ---- run them against the installed library only
 export LD_LIBRARY_PATH=$libdir
@@ -86,6 +89,19 @@ c_sum=$(grep 'checksum' "$work/c.out")
 cpp_sum=$(grep 'checksum' "$work/cpp.out")
 [ -n "$c_sum" ] || fail "embed_c printed no checksum"
 [ "$c_sum" = "$cpp_sum" ] || fail "the C and C++ examples disagree: '$c_sum' vs '$cpp_sum'"
+
+# Generation: the C example's greedy text equals the installed CLI's ids read as ASCII (the
+# fortunes model's ids are character codes), prompt included.
+fortunes=$src/examples/fortunes/fortunes.safetensors
+prompt='The best way to'
+"$work/generate_c" "$fortunes" "$prompt" 60 >"$work/gen_c.out" ||
+  { cat "$work/gen_c.out" >&2; fail "generate_c failed"; }
+ids=$(printf '%s' "$prompt" | od -An -tu1 | tr -s ' \n' ',' | sed 's/^,//; s/,$//')
+cli_text=$("$cli" generate "$fortunes" --prompt-ids "$ids" --max-new-tokens 60 |
+           awk '{ for (i = 1; i <= NF; i++) printf "%c", $i }')
+[ "$(cat "$work/gen_c.out")" = "$prompt$cli_text" ] ||
+  fail "generate_c printed '$(cat "$work/gen_c.out")', the CLI generated '$prompt$cli_text'"
+echo "generate_c: $(head -c 120 "$work/gen_c.out" | tr '\n' ' ')"
 
 version=$("$cli" --version)
 [ "$version" = "tessera $(sed -n 's/^#define TESSERA_VERSION_STRING "\(.*\)"/\1/p' \

@@ -836,4 +836,174 @@ BOOST_AUTO_TEST_CASE(concurrent_runs_match_single_threaded_bitwise) {
   tessera_model_free(model);
 }
 
+// ---------------------------------------------------------------------------- generation
+// The shipped generation example (examples/fortunes, made by make_fortunes.py): a character GPT
+// whose greedy.safetensors holds PyTorch's greedy continuation of prompt.safetensors by full
+// recomputation (every step's top-two margin >= 1e-3).
+const std::string kFortunes = std::string(TESSERA_SOURCE_DIR) + "/examples/fortunes/";
+
+std::vector<int64_t> ids_of(const tessera_tensor* t) {
+  const int64_t* p = static_cast<const int64_t*>(tessera_tensor_data(t));
+  return std::vector<int64_t>(p, p + tessera_tensor_numel(t));
+}
+
+tessera_generator* make_generator(const tessera_model* model, int64_t batch, int64_t capacity,
+                                  double temperature = 0.0, int64_t top_k = 0, double top_p = 1.0,
+                                  uint64_t seed = 0) {
+  tessera_generator* g = nullptr;
+  tessera_error* error = nullptr;
+  const tessera_code code = tessera_generator_create(model, batch, capacity, temperature, top_k,
+                                                     top_p, seed, &g, &error);
+  BOOST_REQUIRE_MESSAGE(code == TESSERA_OK, tessera_error_message(error));
+  return g;
+}
+
+// Greedy generation equals PyTorch's, through generate() and through prefill/sample/step; the
+// generator keeps working after its model was freed (its own reference keeps it loaded).
+BOOST_AUTO_TEST_CASE(generation_matches_pytorch_and_outlives_model_free) {
+  tessera_model* model = load(kFortunes + "fortunes.safetensors");
+  int64_t context = -1;
+  expect_ok([&](tessera_error** e) { return tessera_model_context(model, &context, e); });
+  BOOST_TEST(context == 256);
+  tessera_tensor* prompt = read(kFortunes + "prompt.safetensors", "ids");
+  tessera_tensor* expected = read(kFortunes + "greedy.safetensors", "ids");
+  const std::vector<int64_t> p = ids_of(prompt), want = ids_of(expected);
+  const int64_t B = shape_of(prompt)[0], T = shape_of(prompt)[1];
+  const int64_t N = shape_of(expected)[1] - T;
+  BOOST_TEST_REQUIRE(B == 2);
+
+  tessera_generator* g = make_generator(model, B, 0);  // capacity: the context
+  BOOST_TEST(tessera_generator_capacity(g) == 256);
+  BOOST_TEST(tessera_generator_batch(g) == 2);
+  BOOST_TEST(tessera_generator_vocab(g) == 128);
+  tessera_model_free(model);  // the generator still holds it
+
+  std::vector<int64_t> got(static_cast<size_t>(B * N));
+  expect_ok([&](tessera_error** e) {
+    return tessera_generator_generate(g, p.data(), T, N, got.data(), e);
+  });
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < N; ++n)
+      BOOST_TEST(got[static_cast<size_t>(b * N + n)] ==
+                     want[static_cast<size_t>(b * (T + N) + T + n)],
+                 "row " << b << " token " << n);
+  // Step by step: the same tokens.
+  expect_ok([&](tessera_error** e) { return tessera_generator_prefill(g, p.data(), T, e); });
+  BOOST_TEST(tessera_generator_position(g) == T);
+  BOOST_TEST(tessera_generator_logits(g) != nullptr);
+  std::vector<int64_t> step_tokens;
+  for (int64_t n = 0; n < N; ++n) {
+    int64_t next[2];
+    expect_ok([&](tessera_error** e) { return tessera_generator_sample(g, next, e); });
+    step_tokens.insert(step_tokens.end(), next, next + 2);
+    if (n + 1 < N) expect_ok([&](tessera_error** e) { return tessera_generator_step(g, next, e); });
+  }
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t b = 0; b < B; ++b)
+      BOOST_TEST(step_tokens[static_cast<size_t>(n * B + b)] == got[static_cast<size_t>(b * N + n)]);
+  tessera_generator_reset(g);
+  BOOST_TEST(tessera_generator_position(g) == 0);
+  BOOST_TEST(tessera_generator_logits(g) == nullptr);
+  tessera_generator_free(g);  // frees the model too (ASan would see a leak or a double free)
+  tessera_tensor_free(prompt);
+  tessera_tensor_free(expected);
+}
+
+// Generators on 6 threads at once over one model, each seed sampled twice on its thread: every
+// run equals that seed's run on the main thread.
+BOOST_AUTO_TEST_CASE(generators_on_many_threads_match_single_threaded) {
+  constexpr int kThreads = 6;
+  constexpr int64_t kNew = 40;
+  tessera_model* model = load(kFortunes + "fortunes.safetensors");
+  const std::vector<int64_t> prompt = {37, 10, 84, 104, 101, 32};  // "%\nThe "
+  auto sample_run = [&](uint64_t seed) {
+    tessera_generator* g = make_generator(model, 1, 64, 0.9, 20, 0.95, seed);
+    std::vector<int64_t> out(kNew);
+    tessera_error* error = nullptr;
+    if (tessera_generator_generate(g, prompt.data(), 6, kNew, out.data(), &error) != TESSERA_OK) {
+      out.assign(1, -1);
+      tessera_error_free(error);
+    }
+    tessera_generator_free(g);
+    return out;
+  };
+  std::vector<std::vector<int64_t>> reference;
+  for (int t = 0; t < kThreads; ++t) reference.push_back(sample_run(100 + t));
+  BOOST_TEST(reference[0] != reference[1], "two seeds drew the same 40 tokens");
+  std::vector<int> mismatches(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < 2; ++r)
+        if (sample_run(100 + t) != reference[static_cast<size_t>(t)]) ++mismatches[t];
+    });
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) BOOST_TEST(mismatches[t] == 0, "thread " << t);
+  tessera_model_free(model);
+}
+
+BOOST_AUTO_TEST_CASE(generation_errors) {
+  tessera_model* model = load(kFortunes + "fortunes.safetensors");
+  tessera_generator* g = nullptr;
+  int64_t context = 0;
+  expect_error(TESSERA_E_ARG, "model is NULL",
+               [&](tessera_error** e) { return tessera_model_context(nullptr, &context, e); });
+  expect_error(TESSERA_E_ARG, "generator is NULL", [&](tessera_error** e) {
+    return tessera_generator_create(model, 1, 0, 0.0, 0, 1.0, 0, nullptr, e);
+  });
+  expect_error(TESSERA_E_ARG, "top_p", [&](tessera_error** e) {
+    return tessera_generator_create(model, 1, 0, 0.0, 0, 1.5, 0, &g, e);
+  });
+  expect_error(TESSERA_E_ARG, "temperature", [&](tessera_error** e) {
+    return tessera_generator_create(model, 1, 0, -1.0, 0, 1.0, 0, &g, e);
+  });
+  expect_error(TESSERA_E_ARG, "top_k", [&](tessera_error** e) {
+    return tessera_generator_create(model, 1, 0, 1.0, -2, 1.0, 0, &g, e);
+  });
+  expect_error(TESSERA_E_ARG, "batch=0", [&](tessera_error** e) {
+    return tessera_generator_create(model, 0, 0, 0.0, 0, 1.0, 0, &g, e);
+  });
+  expect_error(TESSERA_E_SHAPE, "more than the network's context of 256", [&](tessera_error** e) {
+    return tessera_generator_create(model, 1, 257, 0.0, 0, 1.0, 0, &g, e);
+  });
+  BOOST_TEST(g == nullptr);
+
+  g = make_generator(model, 1, 8);
+  int64_t token = 0;
+  expect_error(TESSERA_E_ARG, "no prompt has run yet",
+               [&](tessera_error** e) { return tessera_generator_step(g, &token, e); });
+  expect_error(TESSERA_E_ARG, "no prompt has run yet",
+               [&](tessera_error** e) { return tessera_generator_sample(g, &token, e); });
+  const int64_t ids[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  expect_error(TESSERA_E_SHAPE, "9 positions are more than the session's capacity of 8",
+               [&](tessera_error** e) { return tessera_generator_prefill(g, ids, 9, e); });
+  expect_error(TESSERA_E_SHAPE, "length=0",
+               [&](tessera_error** e) { return tessera_generator_prefill(g, ids, 0, e); });
+  const int64_t bad[2] = {5, 128};
+  expect_error(TESSERA_E_SHAPE, "id 128",
+               [&](tessera_error** e) { return tessera_generator_prefill(g, bad, 2, e); });
+  expect_error(TESSERA_E_SHAPE, "a prompt of 3 and 6 new tokens make 9 positions",
+               [&](tessera_error** e) {
+                 int64_t out[6];
+                 return tessera_generator_generate(g, ids, 3, 6, out, e);
+               });
+  expect_ok([&](tessera_error** e) { return tessera_generator_prefill(g, ids, 8, e); });
+  expect_error(TESSERA_E_SHAPE, "pass the capacity of 8",
+               [&](tessera_error** e) { return tessera_generator_step(g, &token, e); });
+  tessera_generator_free(g);
+  tessera_generator_free(nullptr);
+  tessera_generator_reset(nullptr);
+  BOOST_TEST(tessera_generator_logits(nullptr) == nullptr);
+
+  // A model that cannot generate: the encoder example (float input, no causal attention).
+  tessera_model* encoder = load(kEncoder + "encoder.safetensors");
+  expect_error(TESSERA_E_ARG, "need int64 ids [B, T] with T a symbol",
+               [&](tessera_error** e) { return tessera_model_context(encoder, &context, e); });
+  expect_error(TESSERA_E_ARG, "int64 ids [B, T]", [&](tessera_error** e) {
+    return tessera_generator_create(encoder, 1, 8, 0.0, 0, 1.0, 0, &g, e);
+  });
+  tessera_model_free(encoder);
+  tessera_model_free(model);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -634,4 +634,112 @@ BOOST_AUTO_TEST_CASE(recipe_writes_networks_that_summary_counts_like_torch) {
   BOOST_TEST(std::string((std::istreambuf_iterator<char>(k)), std::istreambuf_iterator<char>()) == "{}");
 }
 
+// ---------------------------------------------------------------- generate
+
+const std::string kFortunes = kSource + "/examples/fortunes/";
+
+// The ids of a safetensors tensor, flat.
+std::vector<int64_t> read_ids(const std::string& path, const std::string& name) {
+  const Tensor t = SafetensorsFile::open(path).tensor(name).contiguous();
+  return std::vector<int64_t>(t.data<int64_t>(), t.data<int64_t>() + t.numel());
+}
+
+// `tessera generate` greedy on the shipped fortunes model prints PyTorch's greedy continuation
+// (examples/fortunes/greedy.safetensors: full recomputation in PyTorch) and writes it with the
+// prompt to --output; sampling gives the same tokens at 1 and 2 threads.
+BOOST_AUTO_TEST_CASE(generate_matches_pytorch_greedy) {
+  Scratch tmp;
+  const std::string out = tmp.path("ids.safetensors");
+  const Result r = cli_run({"generate", kFortunes + "fortunes.safetensors", "--prompt",
+                            kFortunes + "prompt.safetensors", "--max-new-tokens", "200",
+                            "--output", out});
+  BOOST_TEST_REQUIRE(r.status == 0, r.err);
+  BOOST_TEST(r.err.empty(), r.err);  // not a terminal: no progress line
+  const std::vector<int64_t> want = read_ids(kFortunes + "greedy.safetensors", "ids");
+  BOOST_TEST(read_ids(out, "ids") == want, boost::test_tools::per_element());
+  const std::vector<int64_t> prompt = read_ids(kFortunes + "prompt.safetensors", "ids");
+  const size_t T = prompt.size() / 2, N = want.size() / 2 - T;
+  std::string text;
+  for (size_t b = 0; b < 2; ++b) {
+    for (size_t n = 0; n < N; ++n) {
+      if (n) text += ' ';  // (not `(n ? " " : "") + ...`: GCC 12's -Wrestrict false positive)
+      text += std::to_string(want[b * (T + N) + T + n]);
+    }
+    text += '\n';
+  }
+  BOOST_TEST(r.out == text);
+
+  std::vector<std::string> sampled;
+  for (const char* threads : {"1", "2"}) {
+    const Result s = cli_run({"generate", kFortunes + "fortunes.safetensors", "--prompt-ids",
+                              "37,10,65", "--max-new-tokens", "60", "--temperature", "0.8",
+                              "--top-k", "30", "--top-p", "0.9", "--seed", "7", "--threads",
+                              threads});
+    BOOST_TEST_REQUIRE(s.status == 0, s.err);
+    sampled.push_back(s.out);
+  }
+  BOOST_TEST(sampled[0] == sampled[1]);
+  BOOST_TEST(std::count(sampled[0].begin(), sampled[0].end(), ' ') == 59);
+}
+
+BOOST_AUTO_TEST_CASE(generate_refuses_bad_input_before_running) {
+  Scratch tmp;
+  const std::string net = kFortunes + "fortunes.safetensors";
+  auto gen = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"generate", net};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return cli_run(args);
+  };
+  expect_failure(gen({"--max-new-tokens", "4"}), "E_ARG", "give one of --prompt");
+  expect_failure(gen({"--prompt-ids", "1", "--prompt", "p", "--max-new-tokens", "4"}), "E_ARG",
+                 "give one of --prompt");
+  expect_failure(gen({"--prompt-ids", "1"}), "E_ARG", "missing --max-new-tokens");
+  expect_failure(gen({"--prompt-ids", "1,x", "--max-new-tokens", "4"}), "E_ARG",
+                 "'x' is not a token id");
+  expect_failure(gen({"--prompt-ids", "1", "--max-new-tokens", "4", "--top-p", "0"}), "E_ARG",
+                 "top_p");
+  expect_failure(gen({"--prompt-ids", "1", "--max-new-tokens", "4", "--top-p", "1.5"}), "E_ARG",
+                 "top_p");
+  expect_failure(gen({"--prompt-ids", "1", "--max-new-tokens", "4", "--top-k", "-1"}), "E_ARG",
+                 "--top-k");
+  expect_failure(gen({"--prompt-ids", "1", "--max-new-tokens", "4", "--temperature", "-0.5"}),
+                 "E_ARG", "temperature");
+  expect_failure(gen({"--prompt-ids", "1", "--max-new-tokens", "4", "--temperature", "nan"}),
+                 "E_ARG", "--temperature");
+  expect_failure(gen({"--prompt-ids", "1,2,3", "--max-new-tokens", "254"}), "E_SHAPE",
+                 "a prompt of 3 and 254 new tokens make 257 positions, more than the network's "
+                 "context of 256");
+  expect_failure(gen({"--prompt-ids", "1,200,3", "--max-new-tokens", "4"}), "E_SHAPE",
+                 "tok (embedding): id 200");
+  expect_failure(gen({"--prompt-ids", "-1", "--max-new-tokens", "4"}), "E_SHAPE", "id -1");
+  const std::string wrong = tmp.path("wrong.safetensors");
+  save(wrong, {{"tokens", Tensor::zeros({1, 3}, DType::I64)}});
+  expect_failure(gen({"--prompt", wrong, "--max-new-tokens", "4"}), "E_ARG",
+                 "no tensor ids (the network's ids input); the file holds tokens");
+  save(wrong, {{"ids", Tensor::zeros({1, 3})}});
+  expect_failure(gen({"--prompt", wrong, "--max-new-tokens", "4"}), "E_DTYPE",
+                 "ids is F32; token ids are I64 or I32");
+  // A network that is not causal (the encoder example: float input) and one whose attention
+  // sees later positions.
+  expect_failure(cli_run({"generate", kEncoder, "--prompt-ids", "1", "--max-new-tokens", "2"}),
+                 "E_ARG", "int64 ids [B, T]");
+  const std::string bidir = tmp.write("bidir.json", R"({
+    "inputs": {"ids": {"shape": ["B", "T"], "dtype": "int64"}},
+    "nodes": [{"name": "tok", "op": "embedding", "args": {"num_embeddings": 5, "embedding_dim": 8},
+               "inputs": {"x": "ids"}},
+              {"name": "sa", "op": "multihead_attention",
+               "args": {"embed_dim": 8, "num_heads": 2, "batch_first": true, "need_weights": false},
+               "inputs": {"query": "tok"}},
+              {"name": "head", "op": "linear", "args": {"out_features": 5}, "inputs": {"x": "sa"}}],
+    "outputs": {"logits": "head"}})");
+  expect_failure(cli_run({"generate", bidir, "--prompt-ids", "1", "--max-new-tokens", "2"}),
+                 "E_ARG", "sa (multihead_attention): the network cannot run one position at a "
+                 "time (generate): multihead attention without is_causal");
+  // --output is written only on success: an existing file stays as it was.
+  const std::string keep = tmp.write("keep.safetensors", "original");
+  expect_failure(gen({"--prompt-ids", "1,200", "--max-new-tokens", "4", "--output", keep}),
+                 "E_SHAPE", "id 200");
+  BOOST_TEST(slurp(keep) == "original");
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -2,6 +2,7 @@
 // over the C API, failures as tessera::Error with the C code. Only the public header is
 // included (the wrapper's classes live in tessera::v0, apart from the library's own).
 #include <boost/test/unit_test.hpp>
+#include <optional>
 #include <string>
 #include <tessera/tessera.hpp>
 #include <utility>
@@ -82,6 +83,45 @@ BOOST_AUTO_TEST_CASE(failures_throw_with_the_c_code) {
   BOOST_TEST(!slot);  // a failed run leaves the slot empty
   BOOST_CHECK_THROW(model.run({&narrow}, {nullptr}), tessera::Error);
   BOOST_CHECK_THROW(tessera::set_num_threads(-2), tessera::Error);
+}
+
+// Generator: greedy generation of the shipped fortunes model equals PyTorch's (its
+// greedy.safetensors), step by step equals generate(), and the generator outlives the Model
+// object it came from.
+BOOST_AUTO_TEST_CASE(generator_matches_pytorch_and_outlives_its_model) {
+  const std::string dir = std::string(TESSERA_SOURCE_DIR) + "/examples/fortunes/";
+  const tessera::Tensor prompt = tessera::Tensor::read(dir + "prompt.safetensors", "ids");
+  const tessera::Tensor expected = tessera::Tensor::read(dir + "greedy.safetensors", "ids");
+  const int64_t B = prompt.shape()[0], T = prompt.shape()[1], N = expected.shape()[1] - T;
+  const int64_t* p = prompt.data<int64_t>();
+  const std::vector<int64_t> ids(p, p + B * T);
+  std::optional<tessera::Generator> gen;
+  {
+    const tessera::Model model = tessera::Model::load(dir + "fortunes.safetensors");
+    gen.emplace(model, B);  // capacity: the model's context
+  }
+  BOOST_TEST(gen->capacity() == 256);
+  const std::vector<std::vector<int64_t>> rows = gen->generate(ids, N);
+  BOOST_TEST_REQUIRE(rows.size() == static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t* want = expected.data<int64_t>() + b * (T + N) + T;
+    BOOST_TEST(rows[static_cast<size_t>(b)] == std::vector<int64_t>(want, want + N),
+               boost::test_tools::per_element());
+  }
+  gen->prefill(ids);
+  for (int64_t n = 0; n < 5; ++n) {
+    const std::vector<int64_t> next = gen->sample();
+    for (int64_t b = 0; b < B; ++b)
+      BOOST_TEST(next[static_cast<size_t>(b)] == rows[static_cast<size_t>(b)][static_cast<size_t>(n)]);
+    gen->step(next);
+  }
+  BOOST_CHECK_THROW(gen->step({1}), tessera::Error);  // one token for a batch of 2
+  try {
+    gen->prefill({1, 2, 3});  // 3 ids are not 2 equal rows
+    BOOST_ERROR("no error");
+  } catch (const tessera::Error& e) {
+    BOOST_TEST(e.code() == TESSERA_E_ARG);
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

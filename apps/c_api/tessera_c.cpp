@@ -3,6 +3,7 @@
 // calls and errors: loading is tessera::load_model and running is tessera::Session (both shared
 // with `tessera run`); the session's pool of plans is what lets one model run from many threads.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -17,6 +18,7 @@
 #include "core/tensor.h"
 #include "io/safetensors.h"
 #include "layers/network.h"
+#include "runtime/generation.h"
 #include "runtime/loader.h"
 #include "runtime/session.h"
 #include "tessera/tessera.h"
@@ -187,6 +189,19 @@ struct tessera_model {
 
   tessera::Session session;  // the model and its pool of plans, the only state runs share
   std::vector<Port> inputs, outputs;
+  // The caller's reference and one per generator (tessera.h, generation): the last release
+  // deletes the model, so no generator outlives it.
+  mutable std::atomic<int64_t> references{1};
+};
+
+void release(const tessera_model* model) {
+  if (model && model->references.fetch_sub(1, std::memory_order_acq_rel) == 1) delete model;
+}
+
+struct tessera_generator {
+  const tessera_model* model;  // referenced
+  std::unique_ptr<tessera::GenerationSession> session;
+  const float* logits = nullptr;  // of the last position run; null before the first prefill
 };
 
 namespace {
@@ -407,7 +422,7 @@ tessera_code tessera_model_load(const char* network_path, const char* weights_pa
   });
 }
 
-void tessera_model_free(tessera_model* model) { delete model; }
+void tessera_model_free(tessera_model* model) { release(model); }
 
 size_t tessera_model_num_inputs(const tessera_model* model) {
   return model ? model->inputs.size() : 0;
@@ -501,6 +516,160 @@ tessera_code tessera_model_run(const tessera_model* model, const tessera_tensor*
 
 void tessera_model_trim(tessera_model* model) {
   if (model) model->session.trim();
+}
+
+// -------------------------------------------------------------------------------- generation
+
+tessera_code tessera_model_context(const tessera_model* model, int64_t* context,
+                                   tessera_error** error) {
+  constexpr const char* fn = "tessera_model_context";
+  return guarded(fn, error, [&] {
+    require(model, "model", fn);
+    require(context, "context", fn);
+    const tessera::Network& net = model->session.model().network();
+    tessera::GenerationSession::check(net);
+    *context = tessera::GenerationSession::context(net).value_or(0);
+  });
+}
+
+tessera_code tessera_generator_create(const tessera_model* model, int64_t batch, int64_t capacity,
+                                      double temperature, int64_t top_k, double top_p,
+                                      uint64_t seed, tessera_generator** generator,
+                                      tessera_error** error) {
+  constexpr const char* fn = "tessera_generator_create";
+  return guarded(fn, error, [&] {
+    require(model, "model", fn);
+    require(generator, "generator", fn);
+    const tessera::Model& m = model->session.model();
+    tessera::GenerationSession::check(m.network());
+    tessera::SamplingOptions sampling;
+    sampling.temperature = temperature;
+    sampling.top_k = top_k;
+    sampling.top_p = top_p;
+    sampling.seed = seed;
+    tessera::check_sampling_options(sampling, fn);
+    if (batch < 1)
+      tessera::fail(ErrorCode::Arg, fn, "batch=" + std::to_string(batch) + " must be >= 1");
+    if (capacity < 0)
+      tessera::fail(ErrorCode::Arg, fn, "capacity=" + std::to_string(capacity) + " must be >= 0");
+    if (capacity == 0) {
+      const std::optional<int64_t> context = tessera::GenerationSession::context(m.network());
+      if (!context)
+        tessera::fail(ErrorCode::Arg, fn,
+                      "capacity=0 asks for the model's context, and the network has none: give "
+                      "the positions to keep");
+      capacity = *context;
+    }
+    auto g = std::make_unique<tessera_generator>();
+    g->model = model;
+    g->session = std::make_unique<tessera::GenerationSession>(m, batch, capacity, sampling);
+    model->references.fetch_add(1, std::memory_order_relaxed);
+    *generator = g.release();
+  });
+}
+
+void tessera_generator_free(tessera_generator* generator) {
+  if (!generator) return;
+  const tessera_model* model = generator->model;
+  delete generator;  // the session first: it refers to the model
+  release(model);
+}
+
+int64_t tessera_generator_batch(const tessera_generator* g) {
+  return g ? g->session->batch() : 0;
+}
+int64_t tessera_generator_capacity(const tessera_generator* g) {
+  return g ? g->session->capacity() : 0;
+}
+int64_t tessera_generator_vocab(const tessera_generator* g) {
+  return g ? g->session->vocab() : 0;
+}
+int64_t tessera_generator_position(const tessera_generator* g) {
+  return g ? g->session->past() : 0;
+}
+
+void tessera_generator_reset(tessera_generator* g) {
+  if (!g) return;
+  g->session->reset();
+  g->logits = nullptr;
+}
+
+namespace {
+
+// ids [batch, length] from the caller's row-major buffer. (An out-parameter: these helpers sit
+// in the extern "C" block, where returning a C++ type is -Wreturn-type-c-linkage.)
+void prompt_tensor(const tessera_generator* g, const int64_t* ids, int64_t length,
+                   const char* fn, Tensor& t) {
+  if (length < 1)
+    tessera::fail(ErrorCode::Shape, fn, "length=" + std::to_string(length) + " must be >= 1");
+  t = Tensor::empty({g->session->batch(), length}, tessera::DType::I64);
+  std::memcpy(t.data<int64_t>(), ids, static_cast<size_t>(t.numel()) * sizeof(int64_t));
+}
+
+void require_prefill(const tessera_generator* g, const char* fn) {
+  if (!g->logits)
+    tessera::fail(ErrorCode::Arg, fn, "no prompt has run yet (tessera_generator_prefill)");
+}
+
+}  // namespace
+
+tessera_code tessera_generator_prefill(tessera_generator* g, const int64_t* ids, int64_t length,
+                                       tessera_error** error) {
+  constexpr const char* fn = "tessera_generator_prefill";
+  return guarded(fn, error, [&] {
+    require(g, "generator", fn);
+    require(ids, "ids", fn);
+    Tensor prompt;
+    prompt_tensor(g, ids, length, fn, prompt);
+    g->logits = nullptr;
+    g->logits = g->session->prefill(prompt);
+  });
+}
+
+tessera_code tessera_generator_step(tessera_generator* g, const int64_t* tokens,
+                                    tessera_error** error) {
+  constexpr const char* fn = "tessera_generator_step";
+  return guarded(fn, error, [&] {
+    require(g, "generator", fn);
+    require(tokens, "tokens", fn);
+    require_prefill(g, fn);
+    g->logits = g->session->step(tokens);
+  });
+}
+
+const float* tessera_generator_logits(const tessera_generator* g) {
+  return g ? g->logits : nullptr;
+}
+
+tessera_code tessera_generator_sample(tessera_generator* g, int64_t* tokens,
+                                      tessera_error** error) {
+  constexpr const char* fn = "tessera_generator_sample";
+  return guarded(fn, error, [&] {
+    require(g, "generator", fn);
+    require(tokens, "tokens", fn);
+    require_prefill(g, fn);
+    const int64_t B = g->session->batch(), V = g->session->vocab();
+    for (int64_t b = 0; b < B; ++b) tokens[b] = g->session->sample(b, g->logits + b * V);
+  });
+}
+
+tessera_code tessera_generator_generate(tessera_generator* g, const int64_t* prompt,
+                                        int64_t length, int64_t max_new, int64_t* tokens,
+                                        tessera_error** error) {
+  constexpr const char* fn = "tessera_generator_generate";
+  return guarded(fn, error, [&] {
+    require(g, "generator", fn);
+    require(prompt, "prompt", fn);
+    if (max_new > 0) require(tokens, "tokens", fn);
+    Tensor ids;
+    prompt_tensor(g, prompt, length, fn, ids);
+    g->logits = nullptr;
+    const std::vector<std::vector<int64_t>> rows = g->session->generate(ids, max_new);
+    for (size_t b = 0; b < rows.size(); ++b)
+      std::copy(rows[b].begin(), rows[b].end(), tokens + static_cast<int64_t>(b) * max_new);
+    // The last token was sampled, not run: the logits on hand are the position before it.
+    if (max_new > 0) g->logits = g->session->logits();
+  });
 }
 
 }  // extern "C"

@@ -25,7 +25,8 @@
  * buffers for its input shapes) from a pool kept by the model, so concurrent runs share the
  * weights (the checkpoint is memory-mapped once, read-only) and nothing else. A tessera_tensor
  * may be read by several threads, but written (as an output) by one run at a time.
- * tessera_model_free() must not race with anything else using that model.
+ * tessera_model_free() must not race with anything else using that model through the caller's
+ * reference (generators hold their own: see the generation section).
  */
 #ifndef TESSERA_TESSERA_H_
 #define TESSERA_TESSERA_H_
@@ -214,6 +215,83 @@ TESSERA_API tessera_code tessera_model_run(const tessera_model* model,
 /* Frees the idle workspaces the model keeps for later runs (each holds one set of input
  * shapes' intermediate buffers). Runs in flight keep theirs. NULL is allowed. */
 TESSERA_API void tessera_model_trim(tessera_model* model);
+
+/* ---------------------------------------------------------------------------- generation
+ * Token generation with a key/value cache (shared/docs/interfaces.md §6), for a model with one
+ * int64 ids input [B, T], one output of logits [B, T, vocab] and causal attention (the `gpt`
+ * recipe). A generator runs the prompt once, keeping every attention layer's keys and values,
+ * then one new position per step: each token costs one pass over the weights, not a forward over
+ * the whole sequence.
+ *
+ * Lifetime: a generator holds a reference to its model. tessera_model_free() releases the
+ * caller's reference; a model with live generators stays loaded until the last of them is freed
+ * (tessera_generator_free), so a generator can never run on a freed model, whatever order the
+ * two are freed in.
+ *
+ * Threads: a generator is one thread's at a time (it is one sequence state and its buffers);
+ * any number of generators, on any threads, may run over one model at once, alongside
+ * tessera_model_run. Results do not depend on the thread count: the same seed gives the same
+ * tokens. */
+typedef struct tessera_generator tessera_generator;
+
+/* The longest sequence (prompt plus generated tokens) the model accepts: the `gpt` recipe's
+ * context. 0 when the network refuses no length. E_ARG: NULL arguments, a network that cannot
+ * generate (the message names what is missing or the node that looks at later positions). */
+TESSERA_API tessera_code tessera_model_context(const tessera_model* model, int64_t* context,
+                                               tessera_error** error);
+
+/* A generator for `batch` sequences of up to `capacity` positions (prompt plus new tokens; 0:
+ * the model's context), sampling with `temperature` (0: greedy, the lowest index among equal
+ * maxima), `top_k` (0: all tokens), `top_p` (in (0, 1]; 1: all) and `seed`. The caches are
+ * allocated here: batch * capacity * 2 * (the model width) floats per attention layer.
+ * E_ARG: NULL arguments, a network that cannot generate, temperature < 0 or not finite,
+ * top_k < 0, top_p outside (0, 1], batch < 1, capacity 0 with a model that has no context.
+ * E_SHAPE: capacity above the context, caches over the memory budget. */
+TESSERA_API tessera_code tessera_generator_create(const tessera_model* model, int64_t batch,
+                                                  int64_t capacity, double temperature,
+                                                  int64_t top_k, double top_p, uint64_t seed,
+                                                  tessera_generator** generator,
+                                                  tessera_error** error);
+/* Releases the generator and its reference to the model. NULL is allowed. */
+TESSERA_API void tessera_generator_free(tessera_generator* generator);
+
+TESSERA_API int64_t tessera_generator_batch(const tessera_generator* generator);
+TESSERA_API int64_t tessera_generator_capacity(const tessera_generator* generator);
+TESSERA_API int64_t tessera_generator_vocab(const tessera_generator* generator);
+/* Positions of each sequence run so far (0 after create or reset). */
+TESSERA_API int64_t tessera_generator_position(const tessera_generator* generator);
+
+/* Forgets every position and restarts the sampler from its seed. NULL is allowed. */
+TESSERA_API void tessera_generator_reset(tessera_generator* generator);
+
+/* Resets, then runs the prompt: `ids` holds batch rows of `length` token ids, row-major.
+ * Afterwards tessera_generator_logits() holds each row's logits for the next token.
+ * E_ARG: NULL arguments. E_SHAPE: length < 1 or above the capacity, an id outside the
+ * vocabulary (nothing has run then). */
+TESSERA_API tessera_code tessera_generator_prefill(tessera_generator* generator,
+                                                   const int64_t* ids, int64_t length,
+                                                   tessera_error** error);
+/* Runs one new position per row: `tokens` holds batch ids (usually the sampled ones).
+ * E_ARG: NULL arguments, no prefill yet. E_SHAPE: the capacity is full, an id outside the
+ * vocabulary. */
+TESSERA_API tessera_code tessera_generator_step(tessera_generator* generator,
+                                                const int64_t* tokens, tessera_error** error);
+/* The logits of the last position run, [batch, vocab] row-major float32, owned by the generator
+ * and valid until its next prefill, step, reset or free; NULL before the first prefill. */
+TESSERA_API const float* tessera_generator_logits(const tessera_generator* generator);
+/* Chooses each row's next token from tessera_generator_logits() into tokens[batch] (greedy, or
+ * one draw per row from its seeded stream). E_ARG: NULL arguments, no prefill yet.
+ * E_CONSTRAINT: sampling a row with a NaN logit. */
+TESSERA_API tessera_code tessera_generator_sample(tessera_generator* generator, int64_t* tokens,
+                                                  tessera_error** error);
+/* The whole loop: prefill `prompt` (batch rows of `length`), then `max_new` tokens per row, each
+ * sampled and fed back; tokens[batch * max_new] receives them row by row (prompt excluded).
+ * As `tessera generate`: E_SHAPE before anything runs when length + max_new exceeds the
+ * capacity. */
+TESSERA_API tessera_code tessera_generator_generate(tessera_generator* generator,
+                                                    const int64_t* prompt, int64_t length,
+                                                    int64_t max_new, int64_t* tokens,
+                                                    tessera_error** error);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -239,6 +239,91 @@ class Model {
   std::unique_ptr<tessera_model, Free> handle_;
 };
 
+// Sampling for a Generator: greedy by default (tessera_generator_create has the rules).
+struct Sampling {
+  double temperature = 0.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  uint64_t seed = 0;
+};
+
+// Token generation with a key/value cache (tessera.h, generation). Holds its own reference to
+// the model: it stays valid after the Model object that made it is gone. One thread at a time.
+class Generator {
+ public:
+  // `capacity` 0: the model's context.
+  Generator(const Model& model, int64_t batch, int64_t capacity = 0, const Sampling& s = {}) {
+    tessera_generator* g = nullptr;
+    tessera_error* error = nullptr;
+    detail::check(tessera_generator_create(model.get(), batch, capacity, s.temperature, s.top_k,
+                                           s.top_p, s.seed, &g, &error),
+                  error);
+    handle_.reset(g);
+  }
+  tessera_generator* get() const { return handle_.get(); }
+  int64_t batch() const { return tessera_generator_batch(get()); }
+  int64_t capacity() const { return tessera_generator_capacity(get()); }
+  int64_t vocab() const { return tessera_generator_vocab(get()); }
+  int64_t position() const { return tessera_generator_position(get()); }
+
+  // The prompt, batch rows of `length` ids row-major; then logits() holds the next token's.
+  void prefill(const std::vector<int64_t>& ids) {
+    const int64_t length = rows_of(ids, "Generator::prefill");
+    tessera_error* error = nullptr;
+    detail::check(tessera_generator_prefill(get(), ids.data(), length, &error), error);
+  }
+  void step(const std::vector<int64_t>& tokens) {
+    check_batch(tokens, "Generator::step");
+    tessera_error* error = nullptr;
+    detail::check(tessera_generator_step(get(), tokens.data(), &error), error);
+  }
+  // [batch, vocab] row-major, valid until the next call; null before the first prefill.
+  const float* logits() const { return tessera_generator_logits(get()); }
+  std::vector<int64_t> sample() {
+    std::vector<int64_t> tokens(static_cast<size_t>(batch()));
+    tessera_error* error = nullptr;
+    detail::check(tessera_generator_sample(get(), tokens.data(), &error), error);
+    return tokens;
+  }
+  // max_new tokens per row after the prompt (batch rows of equal length, row-major).
+  std::vector<std::vector<int64_t>> generate(const std::vector<int64_t>& prompt,
+                                             int64_t max_new) {
+    const int64_t B = batch();
+    std::vector<int64_t> flat(static_cast<size_t>(B * std::max<int64_t>(max_new, 0)));
+    tessera_error* error = nullptr;
+    detail::check(tessera_generator_generate(get(), prompt.data(),
+                                             rows_of(prompt, "Generator::generate"), max_new,
+                                             flat.data(), &error),
+                  error);
+    std::vector<std::vector<int64_t>> rows(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b)
+      rows[static_cast<size_t>(b)].assign(flat.begin() + b * max_new,
+                                          flat.begin() + (b + 1) * max_new);
+    return rows;
+  }
+  void reset() { tessera_generator_reset(get()); }
+
+ private:
+  // The row length of batch equal rows.
+  int64_t rows_of(const std::vector<int64_t>& ids, const char* fn) const {
+    const int64_t n = static_cast<int64_t>(ids.size()), B = batch();
+    if (n % B != 0)
+      throw Error(TESSERA_E_ARG, std::string("E_ARG: ") + fn + ": " + std::to_string(n) +
+                                     " ids are not " + std::to_string(B) + " equal rows");
+    return n / B;
+  }
+  void check_batch(const std::vector<int64_t>& tokens, const char* fn) const {
+    if (static_cast<int64_t>(tokens.size()) != batch())
+      throw Error(TESSERA_E_ARG, std::string("E_ARG: ") + fn + ": " +
+                                     std::to_string(tokens.size()) + " tokens for a batch of " +
+                                     std::to_string(batch()));
+  }
+  struct Free {
+    void operator()(tessera_generator* g) const noexcept { tessera_generator_free(g); }
+  };
+  std::unique_ptr<tessera_generator, Free> handle_;
+};
+
 }  // namespace v0
 }  // namespace tessera
 
