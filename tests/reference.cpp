@@ -618,9 +618,14 @@ MhaReference multihead_attention(const MultiheadAttentionOptions& o,
   for (int64_t n = 0; n < N; ++n)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t nh = (n * H + h) * L * Sp;
+      // With no keys (Sp = 0) k, v, mask and weights are empty: their data() may be null, and
+      // null + offset is undefined even unread (clang's UBSan), so pass them only when not.
+      const bool keys = Sp > 0;
       attention_head(L, Sp, D, D, scale, q.data() + n * L * E + h * D, E,
-                     k.data() + n * Sp * E + h * D, E, v.data() + n * Sp * E + h * D, E,
-                     mask.data() + nh, r.weights.data() + nh, attn.data() + n * L * E + h * D, E);
+                     keys ? k.data() + n * Sp * E + h * D : nullptr, E,
+                     keys ? v.data() + n * Sp * E + h * D : nullptr, E,
+                     keys ? mask.data() + nh : nullptr, keys ? r.weights.data() + nh : nullptr,
+                     attn.data() + n * L * E + h * D, E);
     }
   const std::vector<double> out =
       linear(attn, N * L, E, param(params, "out_proj.weight"), E, param(params, "out_proj.bias"));
