@@ -334,7 +334,7 @@ size_t attention_cached_workspace_bytes(const AttentionOptions& options, int64_t
                                         int64_t batch, int64_t seq_len, int64_t capacity) {
   Workspace counter;
   const AttentionArgs a = core_args(options, batch, seq_len, dim, false);
-  const CachedAttentionArgs c = cached_attention_args(a, 0, capacity);
+  const CachedAttentionArgs c{a, 0, capacity, nullptr};
   layout_scratch(options, batch, seq_len, dim, a, counter, &c);
   return counter.peak();
 }
@@ -396,9 +396,8 @@ void Attention::forward_impl(const Tensor& x, Tensor& out, Workspace& ws, uint64
   const KernelTable& kern = device.kernels();
   const int64_t heads = opt_.heads, hd = D / heads, rows = B * T, D3 = 3 * D;
   AttentionArgs a = core_args(opt_, B, T, D, !step && training_ && opt_.dropout > 0.0);
-  CachedAttentionArgs c;
-  if (step) c = cached_attention_args(a, step->past, step->capacity);
-  const AttentionLayerScratch s = layout_scratch(opt_, B, T, D, a, ws, step ? &c : nullptr);
+  const CachedAttentionArgs sizing{a, step ? step->past : 0, step ? step->capacity : 0, nullptr};
+  const AttentionLayerScratch s = layout_scratch(opt_, B, T, D, a, ws, step ? &sizing : nullptr);
   // Positions of this call: 0.. for a full forward, past.. for an incremental one.
   const int64_t first = step ? step->past : 0;
 
@@ -470,12 +469,7 @@ void Attention::forward_impl(const Tensor& x, Tensor& out, Workspace& ws, uint64
   a.out = s.ctx;
   a.dropout_seed = dropout_seed;
   if (step) {
-    c.q = a.q;
-    c.k = a.k;
-    c.v = a.v;
-    c.out = a.out;
-    c.cache = step->cache;
-    cached_attention_f32(device, c, s.cached);
+    cached_attention_f32(device, {a, step->past, step->capacity, step->cache}, s.cached);
   } else {
     attention_forward_f32(device, a, s.core);
   }

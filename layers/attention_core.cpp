@@ -363,31 +363,11 @@ namespace tessera {
 
 namespace {
 
-// The prompt's attention as a full forward computes it: causal, no mask, the fused path.
-AttentionArgs prefill_args(const CachedAttentionArgs& c) {
-  AttentionArgs a;
-  a.batch = c.batch;
-  a.heads = c.heads;
-  a.q_len = a.kv_len = c.new_len;
-  a.head_dim = c.head_dim;
-  a.v_head_dim = c.v_head_dim;
-  a.scale = c.scale;
-  a.q = c.q;
-  a.q_batch_stride = c.q_batch_stride;
-  a.q_row_stride = c.q_row_stride;
-  a.q_head_stride = c.q_head_stride;
-  a.k = c.k;
-  a.k_batch_stride = c.k_batch_stride;
-  a.k_row_stride = c.k_row_stride;
-  a.k_head_stride = c.k_head_stride;
-  a.v = c.v;
-  a.v_batch_stride = c.v_batch_stride;
-  a.v_row_stride = c.v_row_stride;
-  a.v_head_stride = c.v_head_stride;
-  a.out = c.out;
-  a.out_batch_stride = c.out_batch_stride;
-  a.out_row_stride = c.out_row_stride;
-  a.out_head_stride = c.out_head_stride;
+// The prompt's attention as a full forward computes it: causal over its own positions, the
+// fused path.
+AttentionArgs prompt_args(const CachedAttentionArgs& c) {
+  AttentionArgs a = c.step;
+  a.kv_len = a.q_len;
   a.causal = true;
   return a;
 }
@@ -396,23 +376,24 @@ int64_t decode_blocks(int64_t keys) { return (keys + kDecodeKeyBlock - 1) / kDec
 
 // Floats of one (batch, head) cache: transposed keys, then values.
 int64_t head_cache_floats(const CachedAttentionArgs& c) {
-  return c.capacity * (c.head_dim + c.v_head_dim);
+  return c.capacity * (c.step.head_dim + c.step.v_head_dim);
 }
 
-// Writes the new keys (transposed) and values at positions past .. past + new_len - 1.
+// Writes the new keys (transposed) and values at positions past .. past + q_len - 1.
 void append_to_cache(const CachedAttentionArgs& c) {
-  const int64_t d = c.head_dim, dv = c.v_head_dim, cap = c.capacity;
+  const AttentionArgs& a = c.step;
+  const int64_t d = a.head_dim, dv = a.v_head_dim, cap = c.capacity;
   // ~4K floats per task: a step's few hundred floats per head stay on one thread.
-  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(c.new_len * (d + dv), 1));
-  parallel_for(0, c.batch * c.heads, grain, [&](int64_t i0, int64_t i1) {
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(a.q_len * (d + dv), 1));
+  parallel_for(0, a.batch * a.heads, grain, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / c.heads, h = i % c.heads;
+      const int64_t b = i / a.heads, h = i % a.heads;
       float* kt = c.cache + i * head_cache_floats(c);
       float* v = kt + d * cap;
-      for (int64_t t = 0; t < c.new_len; ++t) {
+      for (int64_t t = 0; t < a.q_len; ++t) {
         const int64_t s = c.past + t;
-        const float* kr = c.k + b * c.k_batch_stride + t * c.k_row_stride + h * c.k_head_stride;
-        const float* vr = c.v + b * c.v_batch_stride + t * c.v_row_stride + h * c.v_head_stride;
+        const float* kr = a.k + b * a.k_batch_stride + t * a.k_row_stride + h * a.k_head_stride;
+        const float* vr = a.v + b * a.v_batch_stride + t * a.v_row_stride + h * a.v_head_stride;
         for (int64_t j = 0; j < d; ++j) kt[j * cap + s] = kr[j];
         std::memcpy(v + s * dv, vr, static_cast<size_t>(dv) * sizeof(float));
       }
@@ -422,35 +403,9 @@ void append_to_cache(const CachedAttentionArgs& c) {
 
 // Partial results per (batch, head) and block: the m of every block, their l, then their o
 // (decode_attention_merge_f32 reads m and l as arrays).
-int64_t partial_floats(const CachedAttentionArgs& c) { return 2 + c.v_head_dim; }
+int64_t partial_floats(const CachedAttentionArgs& c) { return 2 + c.step.v_head_dim; }
 
 }  // namespace
-
-CachedAttentionArgs cached_attention_args(const AttentionArgs& a, int64_t past,
-                                          int64_t capacity) {
-  CachedAttentionArgs c;
-  c.batch = a.batch;
-  c.heads = a.heads;
-  c.head_dim = a.head_dim;
-  c.v_head_dim = a.v_head_dim;
-  c.past = past;
-  c.new_len = a.q_len;
-  c.capacity = capacity;
-  c.scale = a.scale;
-  c.q_batch_stride = a.q_batch_stride;
-  c.q_row_stride = a.q_row_stride;
-  c.q_head_stride = a.q_head_stride;
-  c.k_batch_stride = a.k_batch_stride;
-  c.k_row_stride = a.k_row_stride;
-  c.k_head_stride = a.k_head_stride;
-  c.v_batch_stride = a.v_batch_stride;
-  c.v_row_stride = a.v_row_stride;
-  c.v_head_stride = a.v_head_stride;
-  c.out_batch_stride = a.out_batch_stride;
-  c.out_row_stride = a.out_row_stride;
-  c.out_head_stride = a.out_head_stride;
-  return c;
-}
 
 int64_t cached_attention_cache_floats(int64_t batch, int64_t heads, int64_t head_dim,
                                       int64_t v_head_dim, int64_t capacity) {
@@ -459,62 +414,63 @@ int64_t cached_attention_cache_floats(int64_t batch, int64_t heads, int64_t head
 
 CachedAttentionScratch cached_attention_scratch(const Device& device,
                                                 const CachedAttentionArgs& c, Workspace& ws) {
+  const AttentionArgs& a = c.step;
   CachedAttentionScratch s;
-  if (c.batch <= 0 || c.heads <= 0 || c.new_len <= 0) return s;
-  s.prefill = attention_scratch(device, prefill_args(c), ws);
-  s.partial = ws.take<float>(c.batch * c.heads * decode_blocks(c.capacity) * partial_floats(c));
+  if (a.batch <= 0 || a.heads <= 0 || a.q_len <= 0) return s;
+  s.prefill = attention_scratch(device, prompt_args(c), ws);
+  s.partial = ws.take<float>(a.batch * a.heads * decode_blocks(c.capacity) * partial_floats(c));
   s.scores = WorkerScratch(ws, sizeof(float) * kDecodeKeyBlock, num_threads());
   return s;
 }
 
 void cached_attention_f32(const Device& device, const CachedAttentionArgs& c,
                           const CachedAttentionScratch& scratch) {
-  if (c.batch <= 0 || c.heads <= 0 || c.new_len <= 0) return;
+  const AttentionArgs& a = c.step;
+  if (a.batch <= 0 || a.heads <= 0 || a.q_len <= 0) return;
   append_to_cache(c);
   if (c.past == 0) {
-    attention_forward_f32(device, prefill_args(c), scratch.prefill);
+    attention_forward_f32(device, prompt_args(c), scratch.prefill);
     return;
   }
   const KernelTable& k = device.kernels();
-  const int64_t heads_total = c.batch * c.heads, pf = partial_floats(c);
+  const int64_t heads_total = a.batch * a.heads, pf = partial_floats(c);
   const int64_t max_blocks = decode_blocks(c.capacity);
   // One query row at a time (a step has one): its (batch, head, block) items in parallel, then
   // each head's blocks merged in block order.
-  for (int64_t t = 0; t < c.new_len; ++t) {
+  for (int64_t t = 0; t < a.q_len; ++t) {
     const int64_t keys = c.past + t + 1;
     const int64_t blocks = decode_blocks(keys);
     parallel_for(0, heads_total * blocks, 1, [&](int64_t i0, int64_t i1) {
       const WorkerScratch::Lease scores = scratch.scores.acquire();
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t bh = i / blocks, blk = i % blocks;
-        const int64_t b = bh / c.heads, h = bh % c.heads;
+        const int64_t b = bh / a.heads, h = bh % a.heads;
         float* part = scratch.partial + bh * max_blocks * pf;
         DecodeAttentionBlock db;
-        db.head_dim = c.head_dim;
-        db.v_head_dim = c.v_head_dim;
+        db.head_dim = a.head_dim;
+        db.v_head_dim = a.v_head_dim;
         db.key_begin = blk * kDecodeKeyBlock;
         db.key_end = std::min(keys, db.key_begin + kDecodeKeyBlock);
-        db.scale = c.scale;
-        db.q = c.q + b * c.q_batch_stride + t * c.q_row_stride + h * c.q_head_stride;
+        db.scale = a.scale;
+        db.q = a.q + b * a.q_batch_stride + t * a.q_row_stride + h * a.q_head_stride;
         db.kt = c.cache + bh * head_cache_floats(c);
         db.kt_stride = c.capacity;
-        db.v = db.kt + c.head_dim * c.capacity;
-        db.v_stride = c.v_head_dim;
+        db.v = db.kt + a.head_dim * c.capacity;
+        db.v_stride = a.v_head_dim;
         db.scores = scores.as<float>();
         db.m = part + blk;
         db.l = part + max_blocks + blk;
-        db.o = part + 2 * max_blocks + blk * c.v_head_dim;
+        db.o = part + 2 * max_blocks + blk * a.v_head_dim;
         k.decode_attention_block_f32(db);
       }
     });
     parallel_for(0, heads_total, 4, [&](int64_t i0, int64_t i1) {
       for (int64_t bh = i0; bh < i1; ++bh) {
-        const int64_t b = bh / c.heads, h = bh % c.heads;
+        const int64_t b = bh / a.heads, h = bh % a.heads;
         const float* part = scratch.partial + bh * max_blocks * pf;
-        k.decode_attention_merge_f32(blocks, c.v_head_dim, part, part + max_blocks,
-                                     part + 2 * max_blocks, c.v_head_dim,
-                                     c.out + b * c.out_batch_stride + t * c.out_row_stride +
-                                         h * c.out_head_stride);
+        k.decode_attention_merge_f32(
+            blocks, a.v_head_dim, part, part + max_blocks, part + 2 * max_blocks, a.v_head_dim,
+            a.out + b * a.out_batch_stride + t * a.out_row_stride + h * a.out_head_stride);
       }
     });
   }

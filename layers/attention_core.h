@@ -101,32 +101,18 @@ void attention_forward_f32(const Device& device, const AttentionArgs& args,
 // Cache layout of one layer, per (batch, head): the keys transposed, kt[d * capacity + s], then
 // the values row-major, v[s * v_head_dim + j] (cached_attention_cache_floats).
 struct CachedAttentionArgs {
-  int64_t batch = 0, heads = 0;
-  int64_t head_dim = 0, v_head_dim = 0;
-  int64_t past = 0;      // positions already in the cache, per sequence
-  int64_t new_len = 0;   // positions of this call (past + new_len <= capacity: the layer checks)
-  int64_t capacity = 0;  // positions the cache holds
-  float scale = 1.0f;
-  // The new positions' projections, element (b, t, h, d) as in AttentionArgs.
-  const float* q = nullptr;
-  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
-  const float* k = nullptr;
-  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
-  const float* v = nullptr;
-  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
-  float* out = nullptr;
-  int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
+  // The new positions of this call: q_len of them per sequence, their q/k/v projections and
+  // output addressed as in AttentionArgs, the scale. kv_len, causal and the optional fields
+  // (mask, bias, regions, weights, dropout) are not read: the call is causal self-attention.
+  AttentionArgs step;
+  int64_t past = 0;        // positions already in the cache, per sequence
+  int64_t capacity = 0;    // positions the cache holds (past + q_len <= capacity: the layer checks)
   float* cache = nullptr;  // cached_attention_cache_floats(...) floats
 };
 
 // Keys per decode block: 256 keys of d = 64 are 64 KB of K and V, an L2-sized unit of work
 // (~10 us), and at context 4096 give 16 blocks per head to split over the threads.
 constexpr int64_t kDecodeKeyBlock = 256;
-
-// The cached call of a layer whose full call is `full` (q_len = the new positions, the same
-// strides and scale), with `past` positions in a cache of `capacity`; pointers are not copied.
-CachedAttentionArgs cached_attention_args(const AttentionArgs& full, int64_t past,
-                                          int64_t capacity);
 
 int64_t cached_attention_cache_floats(int64_t batch, int64_t heads, int64_t head_dim,
                                       int64_t v_head_dim, int64_t capacity);

@@ -239,8 +239,7 @@ MhaScratch layout_scratch(const Device& device, const MhaDims& d, const MaskPlan
 // the node's cache), the out-projection. The prompt (past == 0) takes the same GEMMs and the same
 // fused causal kernel as mha_forward_f32, so its outputs are the full forward's.
 CachedAttentionArgs cached_core_args(const MhaDims& d, int64_t past, int64_t capacity) {
-  return cached_attention_args(core_args(d, MhaCall{false, false, true}, MaskPlan{}, true), past,
-                               capacity);
+  return {core_args(d, MhaCall{false, false, true}, MaskPlan{}, true), past, capacity, nullptr};
 }
 
 struct MhaCachedScratch {
@@ -289,10 +288,10 @@ void mha_forward_cached_f32(const MultiheadAttentionOptions& opt, const MhaWeigh
   // The new positions' q | k | v: one GEMM over their rows, in the input's own row order.
   linear_forward_f32(device, d.N * d.L, d.E, 3 * d.E, query.data<float>(), d.E, w.in_proj_weight,
                      w.in_proj_bias, s.qkv, 3 * d.E, s.linear);
-  c.q = s.qkv;
-  c.k = s.qkv + d.E;
-  c.v = s.qkv + 2 * d.E;
-  c.out = s.attn_out;
+  c.step.q = s.qkv;
+  c.step.k = s.qkv + d.E;
+  c.step.v = s.qkv + 2 * d.E;
+  c.step.out = s.attn_out;
   c.cache = step.cache;
   cached_attention_f32(device, c, s.core);
   linear_forward_f32(device, d.N * d.L, d.E, d.E, s.attn_out, d.E, w.out_proj_weight,
