@@ -1,6 +1,7 @@
 #include "layers/network.h"
 
 #include <algorithm>
+#include <cctype>
 #include <limits>
 #include <set>
 
@@ -675,8 +676,59 @@ double DecodeState::cache_bytes() const {
   return bytes;
 }
 
+namespace {
+
+// Whether an open dim's text names `symbol` ("T", "T/2" and "2*T+4" do; "TT" does not).
+bool mentions_symbol(const Dim& d, const std::string& symbol) {
+  if (d.is_fixed()) return false;
+  const std::string& t = d.text;
+  auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (size_t i = t.find(symbol); i != std::string::npos; i = t.find(symbol, i + 1))
+    if ((i == 0 || !ident(t[i - 1])) &&
+        (i + symbol.size() == t.size() || !ident(t[i + symbol.size()])))
+      return true;
+  return false;
+}
+
+// The axis of a value's shape that is the sequence `seq`: -1 when no dim involves it (the value
+// is the same at every position), -2 when it is not one plain axis ("2*T", or two of them).
+int sequence_axis(const SymShape& shape, const std::string& seq) {
+  int axis = -1;
+  for (size_t a = 0; a < shape.size(); ++a) {
+    if (!mentions_symbol(shape[a], seq)) continue;
+    if (axis != -1 || shape[a].text != seq) return -2;
+    axis = static_cast<int>(a);
+  }
+  return axis;
+}
+
+// The nodes a run needs at the last position only, when only the last position of each network
+// output is read: nodes acting per position whose outputs are read only by such nodes or are
+// network outputs. Found from the outputs backwards; a node with an input that has no plain
+// sequence axis (cutting it to one position is not defined) stays out.
+std::vector<char> last_position_nodes(const Network& net, const std::vector<StepRole>& roles,
+                                      const std::string& seq) {
+  const auto& nodes = net.nodes();
+  std::vector<char> every_position(net.values().size(), 0);  // some reader needs them all
+  std::vector<char> last(nodes.size(), 0);
+  for (size_t i = nodes.size(); i-- > 0;) {
+    bool ok = roles[i] == StepRole::per_position;
+    for (int id : nodes[i].outputs) ok = ok && !every_position[static_cast<size_t>(id)];
+    for (int id : nodes[i].inputs)
+      ok = ok &&
+           (id < 0 || sequence_axis(net.values()[static_cast<size_t>(id)].type.shape, seq) != -2);
+    last[i] = ok;
+    if (!ok)
+      for (int id : nodes[i].inputs)
+        if (id >= 0) every_position[static_cast<size_t>(id)] = 1;
+  }
+  return last;
+}
+
+}  // namespace
+
 Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs,
-           const DecodeState* decode)
+           const DecodeState* decode, bool last_position_only)
     : model_(&model), decode_(decode) {
   const Network& net = model.network();
   const NetworkSpec& spec = net.spec();
@@ -694,11 +746,52 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs,
 
   const auto& nodes = net.nodes();
   const size_t n_values = types_.size();
+  last_position_node_.assign(nodes.size(), 0);
+  last_position_copy_.resize(n_values);
+  seq_axis_.assign(n_values, -1);
+  std::vector<ValueType> copy_types(n_values);  // of the last-position copies
+  std::vector<int64_t> copy_floats;             // their sizes, for the memory check
+  if (last_position_only) {
+    if (!decode) fail(ErrorCode::Internal, "generate", "a last-position plan needs a decode state");
+    const auto [ids_name, seq] = DecodeState::ids_input(net);
+    last_position_node_ = last_position_nodes(net, decode->roles_, seq);
+    // Those nodes' values as a run of one position types them.
+    std::map<std::string, TensorDesc> one = inputs;
+    one.at(ids_name).shape[1] = 1;
+    const std::vector<ValueType> step_types = net.bind(graph_input_types(net, one));
+    for (size_t i = 0; i < nodes.size(); ++i)
+      if (last_position_node_[i])
+        for (int id : nodes[i].outputs)
+          types_[static_cast<size_t>(id)] = step_types[static_cast<size_t>(id)];
+    // Their inputs from other nodes (or the network's inputs) get a copy of the last position.
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (!last_position_node_[i]) continue;
+      for (int id : nodes[i].inputs) {
+        if (id < 0) continue;
+        const size_t v = static_cast<size_t>(id);
+        const NetworkValue& nv = net.values()[v];
+        const bool inside = nv.port >= 0 && nv.producer >= 0 &&
+                            last_position_node_[static_cast<size_t>(nv.producer)];
+        const int axis = sequence_axis(nv.type.shape, seq);
+        if (inside || axis < 0 || seq_axis_[v] >= 0) continue;
+        Shape shape = concrete_shape(types_[v].shape);
+        shape[static_cast<size_t>(axis)] = 1;
+        seq_axis_[v] = axis;
+        copy_types[v] = ValueType{fixed_shape(shape), types_[v].dtype, {}};
+        copy_floats.push_back(buffer_floats(copy_types[v]));
+      }
+    }
+  }
+  // A node's input types as it runs: a last-position node reads the copies.
+  auto node_input_type = [&](size_t node, int id) -> const ValueType* {
+    if (id < 0) return nullptr;
+    const size_t v = static_cast<size_t>(id);
+    return last_position_node_[node] && seq_axis_[v] >= 0 ? &copy_types[v] : &types_[v];
+  };
   double workspace = 0.0;  // the most any node takes: nodes run one at a time
   for (size_t i = 0; i < nodes.size(); ++i) {
     std::vector<const ValueType*> in;
-    for (int id : nodes[i].inputs)
-      in.push_back(id >= 0 ? &types_[static_cast<size_t>(id)] : nullptr);
+    for (int id : nodes[i].inputs) in.push_back(node_input_type(i, id));
     const OpCost cost = nodes[i].op->cost(in);
     flops_ += cost.flops;
     workspace = std::max(workspace, cost.workspace_bytes);
@@ -707,11 +800,17 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs,
   }
 
   BufferAssignment assignment = assign_buffers(net, types_);
-  check_run_memory(model, inputs, assignment.capacity, workspace);
+  std::vector<int64_t> held = assignment.capacity;
+  held.insert(held.end(), copy_floats.begin(), copy_floats.end());
+  check_run_memory(model, inputs, held, workspace);
   value_buffer_ = std::move(assignment.value_buffer);
   for (int64_t cap : assignment.capacity)
     buffers_.push_back(Tensor::empty({std::max<int64_t>(cap, 1)}));
   workspace_ = Tensor::empty({static_cast<int64_t>(workspace / sizeof(float)) + 1});
+  for (size_t v = 0; v < n_values; ++v)
+    if (seq_axis_[v] >= 0)
+      last_position_copy_[v] =
+          Tensor::empty(concrete_shape(copy_types[v].shape), copy_types[v].dtype);
 
   planned_.resize(n_values);
   values_.resize(n_values);
@@ -742,8 +841,12 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs,
   node_in_.resize(nodes.size());
   node_out_.resize(nodes.size());
   for (size_t i = 0; i < nodes.size(); ++i) {
-    for (int id : nodes[i].inputs)
-      node_in_[i].push_back(id >= 0 ? &values_[static_cast<size_t>(id)] : nullptr);
+    for (int id : nodes[i].inputs) {
+      const size_t v = static_cast<size_t>(id);
+      node_in_[i].push_back(id < 0                                         ? nullptr
+                            : last_position_node_[i] && seq_axis_[v] >= 0 ? &last_position_copy_[v]
+                                                                           : &values_[v]);
+    }
     for (int id : nodes[i].outputs) node_out_[i].push_back(&values_[static_cast<size_t>(id)]);
   }
   for (const auto& out : net.outputs()) outputs_.emplace_back(out.first, Tensor());
@@ -812,6 +915,14 @@ void Plan::run_nodes(DecodeState* state) {
   const auto& nodes = net.nodes();
   for (size_t i = 0; i < nodes.size(); ++i) {
     try {
+      if (last_position_node_[i])
+        for (int id : nodes[i].inputs) {
+          const size_t v = static_cast<size_t>(id);
+          if (id < 0 || seq_axis_[v] < 0) continue;
+          const Tensor& full = values_[v];
+          const int64_t len = full.size(seq_axis_[v]);
+          last_position_copy_[v].copy_from(full.narrow(seq_axis_[v], len - 1, 1));
+        }
       Workspace ws(workspace_.raw_data(), workspace_.nbytes());
       if (state) {
         StepState step;
@@ -837,6 +948,8 @@ std::vector<Plan::Buffer> Plan::buffers() const {
   std::vector<Buffer> out;
   for (const Tensor& b : buffers_) out.push_back({b.raw_data(), b.nbytes()});
   for (const Tensor& b : input_conversion_)
+    if (b.defined()) out.push_back({b.raw_data(), b.nbytes()});
+  for (const Tensor& b : last_position_copy_)
     if (b.defined()) out.push_back({b.raw_data(), b.nbytes()});
   return out;
 }

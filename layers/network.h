@@ -186,8 +186,14 @@ class Plan {
   // With `decode`, the plan runs incrementally on that state (run(inputs, state)): the ids input
   // holds the new positions, [state.batch(), T] (E_SHAPE otherwise), and the workspace covers
   // the cached nodes' steps at the state's capacity.
+  // With `last_position_only` as well (a prompt whose logits only the last position of are read),
+  // the nodes that act per position and reach the outputs only through such nodes (a language
+  // model's last block after its attention, final norm and head) run on the last position of
+  // each sequence: the outputs are [B, 1, ...], the values of those nodes have T = 1 in types(),
+  // and their inputs from earlier nodes are cut to the last position. For the gpt recipe at
+  // 124M and a prompt of 128 this skips ~30% of the prefill's FLOPs (the head's 50257 columns).
   Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs,
-       const DecodeState* decode = nullptr);
+       const DecodeState* decode = nullptr, bool last_position_only = false);
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
 
@@ -239,6 +245,11 @@ class Plan {
   std::vector<Tensor> values_;            // value -> tensor of the current run
   std::vector<DType> input_dtype_;        // per network input: the stored dtype planned for
   std::vector<Tensor> input_conversion_;  // per network input: float32 copy target, if needed
+  // Last-position-only plans: per node, whether it runs on the last position; per value read
+  // across that boundary, its last position (a copy, made before the node runs) and the axis.
+  std::vector<char> last_position_node_;
+  std::vector<Tensor> last_position_copy_;
+  std::vector<int> seq_axis_;
   std::vector<std::vector<const Tensor*>> node_in_;
   std::vector<std::vector<Tensor*>> node_out_;
   std::vector<std::pair<std::string, Tensor>> outputs_;

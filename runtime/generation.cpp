@@ -123,7 +123,7 @@ const float* GenerationSession::prefill(const Tensor& ids) {
   reset();
   if (!prompt_plan_ || prompt_len_ != T || ids.dtype() != DType::I64) {
     std::map<std::string, TensorDesc> desc = {{ids_name_, TensorDesc{ids.shape(), ids.dtype()}}};
-    prompt_plan_ = std::make_unique<Plan>(model_, desc, &state_);
+    prompt_plan_ = std::make_unique<Plan>(model_, desc, &state_, /*last_position_only=*/true);
     prompt_len_ = ids.dtype() == DType::I64 ? T : 0;  // an int32 plan is not kept
   }
   return last_logits(prompt_plan_->run({{ids_name_, ids}}, state_));

@@ -172,6 +172,42 @@ BOOST_AUTO_TEST_CASE(sampling_is_seeded_and_independent_of_threads) {
   BOOST_TEST(other.generate(prompt, 20) != runs[0], "another seed drew the same 40 tokens");
 }
 
+// The prompt's plan runs the per-position tail after the last attention (the last block's
+// residual adds, its feed-forward, the final norm and the head) on the last position only: its
+// output is [B, 1, vocab], equal to the full forward's last row, and it skips the tail's work at
+// the other T - 1 positions (at least the head's 2 * B * (T - 1) * d_model * vocab FLOPs).
+BOOST_AUTO_TEST_CASE(prompt_plan_runs_the_head_at_the_last_position_only) {
+  const Model model(tiny_gpt(32), 7);
+  const int64_t B = 2, T = 9, D = 16, V = 23;
+  const Tensor prompt = random_ids(B, T, V, 3);
+  const std::map<std::string, TensorDesc> desc = {{"ids", TensorDesc{prompt.shape(), DType::I64}}};
+  DecodeState state(model, B, 32);
+  Plan last(model, desc, &state, true);
+  Plan full(model, desc);
+  BOOST_TEST(full.flops() - last.flops() >= 2.0 * B * (T - 1) * D * V);
+  const Tensor& y = last.run({{"ids", prompt}}, state)[0].second;
+  BOOST_TEST((y.shape() == Shape{B, 1, V}));
+  const std::vector<float> want = full_last_logits(model, prompt);
+  for (int64_t i = 0; i < B * V; ++i)
+    BOOST_TEST(std::fabs(y.data<float>()[i] - want[static_cast<size_t>(i)]) <=
+                   2e-4 * std::max(1.0f, std::fabs(want[static_cast<size_t>(i)])),
+               "logit " << i);
+  // Without a last-position tail (the output is attention's own) the plan is the full one.
+  const char* net = R"({"dtype": "float32",
+    "inputs": {"ids": {"shape": ["B", "T"], "dtype": "int64"}},
+    "nodes": [{"name": "tok", "op": "embedding", "args": {"num_embeddings": 5, "embedding_dim": 8},
+               "inputs": {"x": "ids"}},
+              {"name": "attn", "op": "attention", "args": {"heads": 2, "causal": true},
+               "inputs": {"x": "tok"}}],
+    "outputs": {"y": "attn"}})";
+  const Model bare(parse_network(std::string(net), "bare"), 1);
+  DecodeState bare_state(bare, B, 32);
+  Plan bare_last(bare, desc, &bare_state, true);
+  BOOST_TEST(bare_last.flops() == Plan(bare, desc).flops());
+  BOOST_TEST((bare_last.run({{"ids", random_ids(B, T, 5, 4)}}, bare_state)[0].second.shape() ==
+              Shape{B, T, 8}));
+}
+
 // A step runs in the plans' memory: no allocation once warm.
 BOOST_AUTO_TEST_CASE(a_step_allocates_nothing) {
   const Model model(tiny_gpt(64), 2);
