@@ -467,6 +467,54 @@ uint64_t embedding_rows_for(const Network& net, int ids) {
   return rows == 0 ? 1 : rows;
 }
 
+// One node's share of a profiled run (bench --profile).
+struct NodeTime {
+  std::string node, op;
+  double ms, flops;  // per run
+};
+
+// The --profile table: ms per run summed by op kind (most first), then the 15 slowest nodes,
+// each with its share of all node time and its GFLOP/s.
+void print_profile(const std::vector<NodeTime>& nodes, uint64_t reps) {
+  double total = 0.0;
+  for (const NodeTime& t : nodes) total += t.ms;
+  std::map<std::string, NodeTime> by_op;
+  std::map<std::string, int> count;
+  for (const NodeTime& t : nodes) {
+    NodeTime& o = by_op.try_emplace(t.op, NodeTime{t.op, t.op, 0.0, 0.0}).first->second;
+    o.ms += t.ms;
+    o.flops += t.flops;
+    ++count[t.op];
+  }
+  std::vector<NodeTime> ops;
+  for (const auto& entry : by_op) ops.push_back(entry.second);
+  std::vector<NodeTime> slowest = nodes;
+  const auto by_time = [](const NodeTime& a, const NodeTime& b) { return a.ms > b.ms; };
+  std::stable_sort(ops.begin(), ops.end(), by_time);
+  std::stable_sort(slowest.begin(), slowest.end(), by_time);
+  slowest.resize(std::min<size_t>(slowest.size(), 15));
+  const auto line = [&](const std::string& a, const std::string& b, const NodeTime& t) {
+    char buf[256];
+    std::snprintf(buf, sizeof(buf), "  %-28s %-22s %9.3f %6.1f %9.1f\n", a.c_str(), b.c_str(),
+                  t.ms, total > 0 ? 100.0 * t.ms / total : 0.0,
+                  t.ms > 0 ? t.flops / (t.ms * 1e-3) / 1e9 : 0.0);
+    std::cout << buf;
+  };
+  char head[160];
+  std::snprintf(head, sizeof(head),
+                "profile: %.3f ms per run in nodes (a plan of its own, %llu runs)\n", total,
+                static_cast<unsigned long long>(reps));
+  std::cout << head;
+  std::snprintf(head, sizeof(head), "  %-28s %-22s %9s %6s %9s\n", "op", "nodes", "ms", "%",
+                "GFLOP/s");
+  std::cout << head;
+  for (const NodeTime& o : ops) line(o.op, std::to_string(count[o.op]), o);
+  std::snprintf(head, sizeof(head), "  %-28s %-22s %9s %6s %9s\n", "slowest node", "op", "ms",
+                "%", "GFLOP/s");
+  std::cout << head;
+  for (const NodeTime& t : slowest) line(t.node, t.op, t);
+}
+
 int cmd_bench(int argc, char** argv) {
   Command cmd("bench", "Time a network on random inputs of the given shapes.");
   // clang-format off
@@ -481,7 +529,10 @@ int cmd_bench(int argc, char** argv) {
                  "always made)", cxxopts::value<std::string>(), "K")
       ("reps", "Timed runs (default 20)", cxxopts::value<std::string>(), "R")
       ("json", "Print one JSON object: median_ms, min_ms, max_ms, gflops, peak_rss_mb, flops, "
-                "load_ms, first_run_ms");
+                "load_ms, first_run_ms")
+      ("profile", "Then time every node over R more runs (a plan of its own, after the peak "
+                  "RSS is read): ms per run by op and for the slowest nodes; with --json, a "
+                  "\"profile\" array of {node, op, ms, gflop}");
   // clang-format on
   cmd.options.parse_positional({"net"});
   cmd.options.positional_help("NET");
@@ -565,6 +616,20 @@ int cmd_bench(int argc, char** argv) {
   getrusage(RUSAGE_SELF, &usage);
   const double peak_rss_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss: KiB
 
+  // Per-node times on a plan of their own, so the timed runs above read no clock per node.
+  std::vector<NodeTime> profile;
+  if (cmd.has("profile")) {
+    Plan plan(session.model(), descs);
+    plan.run(inputs);
+    plan.set_node_timing(true);
+    for (uint64_t i = 0; i < reps; ++i) plan.run(inputs);
+    const auto& nodes = session.model().network().nodes();
+    for (size_t i = 0; i < nodes.size(); ++i)
+      profile.push_back({nodes[i].name, nodes[i].op->name(),
+                         plan.node_seconds()[i] * 1e3 / static_cast<double>(reps),
+                         plan.node_flops()[i]});
+  }
+
   if (cmd.has("json")) {
     nlohmann::ordered_json j;
     j["median_ms"] = median;
@@ -576,6 +641,11 @@ int cmd_bench(int argc, char** argv) {
     j["load_ms"] = load_ms;
     j["first_run_ms"] = first_run_ms;
     j["simd_target"] = cpu_device().simd_target();
+    if (cmd.has("profile")) {
+      j["profile"] = nlohmann::ordered_json::array();
+      for (const NodeTime& t : profile)
+        j["profile"].push_back({{"node", t.node}, {"op", t.op}, {"ms", t.ms}, {"gflop", t.flops / 1e9}});
+    }
     std::cout << j.dump() << "\n";
   } else {
     char buf[512];
@@ -588,6 +658,7 @@ int cmd_bench(int argc, char** argv) {
                   static_cast<unsigned long long>(warmup), static_cast<unsigned long long>(reps),
                   median, ms.front(), ms.back(), gflops, lease.plan().flops() / 1e9, peak_rss_mb);
     std::cout << buf;
+    if (cmd.has("profile")) print_profile(profile, reps);
   }
   flush_warnings();
   return 0;

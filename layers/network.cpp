@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <limits>
 #include <set>
 
@@ -794,6 +795,7 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs,
     for (int id : nodes[i].inputs) in.push_back(node_input_type(i, id));
     const OpCost cost = nodes[i].op->cost(in);
     flops_ += cost.flops;
+    node_flops_.push_back(cost.flops);
     workspace = std::max(workspace, cost.workspace_bytes);
     if (decode && decode->roles_[i] == StepRole::cached)
       workspace = std::max(workspace, nodes[i].op->step_workspace_bytes(in, decode->capacity()));
@@ -910,10 +912,17 @@ void Plan::bind_inputs(const std::map<std::string, Tensor>& inputs) {
   }
 }
 
+void Plan::set_node_timing(bool on) {
+  node_timing_ = on;
+  if (on) node_seconds_.assign(model_->network().nodes().size(), 0.0);
+}
+
 void Plan::run_nodes(DecodeState* state) {
   const Network& net = model_->network();
   const auto& nodes = net.nodes();
   for (size_t i = 0; i < nodes.size(); ++i) {
+    const auto start = node_timing_ ? std::chrono::steady_clock::now()
+                                    : std::chrono::steady_clock::time_point{};
     try {
       if (last_position_node_[i])
         for (int id : nodes[i].inputs) {
@@ -939,6 +948,9 @@ void Plan::run_nodes(DecodeState* state) {
       if (e.where() == nodes[i].op->where()) throw;
       throw Error(e.code(), nodes[i].op->where(), e.detail());
     }
+    if (node_timing_)
+      node_seconds_[i] +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   for (size_t k = 0; k < outputs_.size(); ++k)
     outputs_[k].second = values_[static_cast<size_t>(net.outputs()[k].second)];

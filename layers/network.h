@@ -209,8 +209,14 @@ class Plan {
   const std::vector<std::pair<std::string, Tensor>>& run(
       const std::map<std::string, Tensor>& inputs, DecodeState& state);
 
-  // FLOPs of one run (the ops' convention, OpCost in op.h).
+  // FLOPs of one run (the ops' convention, OpCost in op.h), and of each node (indexed like
+  // network().nodes(); they sum to flops()).
   double flops() const { return flops_; }
+  const std::vector<double>& node_flops() const { return node_flops_; }
+  // Profiling (tessera bench --profile): while on, each node's wall time is added to
+  // node_seconds() at every run; turning it on zeroes the sums. Off by default: no clock is read.
+  void set_node_timing(bool on);
+  const std::vector<double>& node_seconds() const { return node_seconds_; }
   // Bytes of the workspace the nodes share (the largest any one reports).
   size_t workspace_bytes() const { return workspace_.nbytes(); }
   // Concrete types of every value, indexed like network().values().
@@ -237,6 +243,9 @@ class Plan {
   const DecodeState* decode_ = nullptr;  // the state the plan was made for, if any
   std::vector<ValueType> types_;
   double flops_ = 0.0;
+  std::vector<double> node_flops_;
+  bool node_timing_ = false;
+  std::vector<double> node_seconds_;
   std::vector<Tensor> buffers_;           // the intermediate buffers, 1-D float32
   Tensor workspace_;                      // the nodes' scratch, shared (they run one by one)
   std::vector<Shape> input_shapes_;       // per network input: the bound shape

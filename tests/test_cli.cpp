@@ -453,6 +453,36 @@ BOOST_AUTO_TEST_CASE(bench_reports_times_and_json) {
                  "--shape: input x [B, T, 64] has open dims; give --shape x=D0,D1,...");
 }
 
+// --profile: one entry per node of the network, in its order, with the op's name; the nodes'
+// FLOPs add up to the plan's (the op costs, counted node by node), times are positive. The text
+// form adds the two tables.
+BOOST_AUTO_TEST_CASE(bench_profiles_every_node) {
+  Result r = cli_run({"bench", kEncoder, "--shape", "x=2,16,64", "--warmup", "0", "--reps", "2",
+                      "--json", "--profile"});
+  BOOST_TEST(r.status == 0, r.err);
+  const auto j = nlohmann::json::parse(r.out);
+  BOOST_REQUIRE(j.contains("profile"));
+  std::ifstream net_file(kSource + "/examples/encoder/encoder.json");  // the network inside kEncoder
+  const nlohmann::json spec = nlohmann::json::parse(net_file);
+  const auto& nodes = spec["nodes"];
+  BOOST_REQUIRE(j["profile"].size() == nodes.size());
+  double gflop = 0.0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const auto& p = j["profile"][i];
+    BOOST_TEST(p["node"].get<std::string>() == nodes[i]["name"].get<std::string>());
+    BOOST_TEST(p["op"].get<std::string>() == nodes[i]["op"].get<std::string>());
+    BOOST_TEST(p["ms"].get<double>() > 0.0);
+    gflop += p["gflop"].get<double>();
+  }
+  BOOST_TEST(std::abs(gflop * 1e9 - j["flops"].get<double>()) <= 1e-9 * j["flops"].get<double>());
+  r = cli_run({"bench", kEncoder, "--shape", "x=2,16,64", "--warmup", "0", "--reps", "1",
+               "--profile"});
+  BOOST_TEST(r.status == 0, r.err);
+  BOOST_TEST(r.out.find("profile: ") != std::string::npos);
+  BOOST_TEST(r.out.find("slowest node") != std::string::npos);
+  BOOST_TEST(r.out.find(nodes[0]["name"].get<std::string>()) != std::string::npos);
+}
+
 // ---------------------------------------------------------------- limits and file safety
 
 // Memory the inputs would need beyond the budget (core/limits.h) is E_SHAPE before anything is
