@@ -493,26 +493,34 @@ void print_profile(const std::vector<NodeTime>& nodes, uint64_t reps) {
   std::stable_sort(ops.begin(), ops.end(), by_time);
   std::stable_sort(slowest.begin(), slowest.end(), by_time);
   slowest.resize(std::min<size_t>(slowest.size(), 15));
-  const auto line = [&](const std::string& a, const std::string& b, const NodeTime& t) {
-    char buf[256];
-    std::snprintf(buf, sizeof(buf), "  %-28s %-22s %9.3f %6.1f %9.1f\n", a.c_str(), b.c_str(),
-                  t.ms, total > 0 ? 100.0 * t.ms / total : 0.0,
+  // Columns as wide as their longest entry (node names run to 50 characters in ViT).
+  int first = 12, second = 5;
+  for (const NodeTime& t : slowest) {
+    first = std::max(first, static_cast<int>(t.node.size()));
+    second = std::max(second, static_cast<int>(t.op.size()));
+  }
+  for (const NodeTime& o : ops) first = std::max(first, static_cast<int>(o.op.size()));
+  const auto row = [&](const std::string& a, const std::string& b, const std::string& rest) {
+    std::cout << "  " << a << std::string(static_cast<size_t>(first) - a.size() + 1, ' ') << b
+              << std::string(static_cast<size_t>(second) - b.size() + 1, ' ') << rest << "\n";
+  };
+  const auto numbers = [&](const NodeTime& t) {
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), "%9.3f %6.1f %9.1f", t.ms,
+                  total > 0 ? 100.0 * t.ms / total : 0.0,
                   t.ms > 0 ? t.flops / (t.ms * 1e-3) / 1e9 : 0.0);
-    std::cout << buf;
+    return std::string(buf);
   };
   char head[160];
   std::snprintf(head, sizeof(head),
                 "profile: %.3f ms per run in nodes (a plan of its own, %llu runs)\n", total,
                 static_cast<unsigned long long>(reps));
   std::cout << head;
-  std::snprintf(head, sizeof(head), "  %-28s %-22s %9s %6s %9s\n", "op", "nodes", "ms", "%",
-                "GFLOP/s");
-  std::cout << head;
-  for (const NodeTime& o : ops) line(o.op, std::to_string(count[o.op]), o);
-  std::snprintf(head, sizeof(head), "  %-28s %-22s %9s %6s %9s\n", "slowest node", "op", "ms",
-                "%", "GFLOP/s");
-  std::cout << head;
-  for (const NodeTime& t : slowest) line(t.node, t.op, t);
+  std::snprintf(head, sizeof(head), "%9s %6s %9s", "ms", "%", "GFLOP/s");
+  row("op", "nodes", head);
+  for (const NodeTime& o : ops) row(o.op, std::to_string(count[o.op]), numbers(o));
+  row("slowest node", "op", head);
+  for (const NodeTime& t : slowest) row(t.node, t.op, numbers(t));
 }
 
 int cmd_bench(int argc, char** argv) {
