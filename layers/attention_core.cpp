@@ -401,9 +401,16 @@ void append_to_cache(const CachedAttentionArgs& c) {
   });
 }
 
-// Partial results per (batch, head) and block: the m of every block, their l, then their o
-// (decode_attention_merge_f32 reads m and l as arrays).
+// Partial results per (batch, head), query row of a pass and block: the m of every block, their
+// l, then their o (decode_attention_merge_f32 reads m and l as arrays).
 int64_t partial_floats(const CachedAttentionArgs& c) { return 2 + c.step.v_head_dim; }
+
+// Query rows per pass of the decode kernel: a step has one; a chunk of new positions after a
+// cache (appended text) takes up to 16 at a time, so each 256-key block of K and V (128 KB at
+// d = 64) is read from memory once per 16 rows and from L2 for the other 15.
+int64_t rows_per_pass(const CachedAttentionArgs& c) {
+  return std::min<int64_t>(kDecodeRowsPerPass, c.step.q_len);
+}
 
 }  // namespace
 
@@ -418,7 +425,8 @@ CachedAttentionScratch cached_attention_scratch(const Device& device,
   CachedAttentionScratch s;
   if (a.batch <= 0 || a.heads <= 0 || a.q_len <= 0) return s;
   s.prefill = attention_scratch(device, prompt_args(c), ws);
-  s.partial = ws.take<float>(a.batch * a.heads * decode_blocks(c.capacity) * partial_floats(c));
+  s.partial = ws.take<float>(a.batch * a.heads * rows_per_pass(c) * decode_blocks(c.capacity) *
+                             partial_floats(c));
   s.scores = WorkerScratch(ws, sizeof(float) * kDecodeKeyBlock, num_threads());
   return s;
 }
@@ -434,42 +442,54 @@ void cached_attention_f32(const Device& device, const CachedAttentionArgs& c,
   }
   const KernelTable& k = device.kernels();
   const int64_t heads_total = a.batch * a.heads, pf = partial_floats(c);
-  const int64_t max_blocks = decode_blocks(c.capacity);
-  // One query row at a time (a step has one): its (batch, head, block) items in parallel, then
-  // each head's blocks merged in block order.
-  for (int64_t t = 0; t < a.q_len; ++t) {
-    const int64_t keys = c.past + t + 1;
-    const int64_t blocks = decode_blocks(keys);
+  const int64_t max_blocks = decode_blocks(c.capacity), pass = rows_per_pass(c);
+  // Per (batch, head) and row of the pass: its blocks' m, l and o.
+  const int64_t row_floats = max_blocks * pf;
+  // Rows t0 .. t0 + rows - 1 per pass: their (batch, head, block) items in parallel, each running
+  // the block for every row of the pass that sees it, then each row's blocks merged in block
+  // order. A row's blocks and merge are those of a one-row step, so a chunk of new positions
+  // gives the bits that stepping through them one at a time gives.
+  for (int64_t t0 = 0; t0 < a.q_len; t0 += pass) {
+    const int64_t rows = std::min(pass, a.q_len - t0);
+    const int64_t blocks = decode_blocks(c.past + t0 + rows);  // of the pass's last row
     parallel_for(0, heads_total * blocks, 1, [&](int64_t i0, int64_t i1) {
       const WorkerScratch::Lease scores = scratch.scores.acquire();
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t bh = i / blocks, blk = i % blocks;
         const int64_t b = bh / a.heads, h = bh % a.heads;
-        float* part = scratch.partial + bh * max_blocks * pf;
-        DecodeAttentionBlock db;
-        db.head_dim = a.head_dim;
-        db.v_head_dim = a.v_head_dim;
-        db.key_begin = blk * kDecodeKeyBlock;
-        db.key_end = std::min(keys, db.key_begin + kDecodeKeyBlock);
-        db.scale = a.scale;
-        db.q = a.q + b * a.q_batch_stride + t * a.q_row_stride + h * a.q_head_stride;
-        db.kt = c.cache + bh * head_cache_floats(c);
-        db.kt_stride = c.capacity;
-        db.v = db.kt + a.head_dim * c.capacity;
-        db.v_stride = a.v_head_dim;
-        db.scores = scores.as<float>();
-        db.m = part + blk;
-        db.l = part + max_blocks + blk;
-        db.o = part + 2 * max_blocks + blk * a.v_head_dim;
-        k.decode_attention_block_f32(db);
+        const float* kt = c.cache + bh * head_cache_floats(c);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t t = t0 + r, keys = c.past + t + 1;
+          const int64_t key_begin = blk * kDecodeKeyBlock;
+          if (key_begin >= keys) continue;  // past this row's last key: not merged for it
+          float* part = scratch.partial + (bh * pass + r) * row_floats;
+          DecodeAttentionBlock db;
+          db.head_dim = a.head_dim;
+          db.v_head_dim = a.v_head_dim;
+          db.key_begin = key_begin;
+          db.key_end = std::min(keys, key_begin + kDecodeKeyBlock);
+          db.scale = a.scale;
+          db.q = a.q + b * a.q_batch_stride + t * a.q_row_stride + h * a.q_head_stride;
+          db.kt = kt;
+          db.kt_stride = c.capacity;
+          db.v = kt + a.head_dim * c.capacity;
+          db.v_stride = a.v_head_dim;
+          db.scores = scores.as<float>();
+          db.m = part + blk;
+          db.l = part + max_blocks + blk;
+          db.o = part + 2 * max_blocks + blk * a.v_head_dim;
+          k.decode_attention_block_f32(db);
+        }
       }
     });
-    parallel_for(0, heads_total, 4, [&](int64_t i0, int64_t i1) {
-      for (int64_t bh = i0; bh < i1; ++bh) {
+    parallel_for(0, heads_total * rows, 4, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t bh = i / rows, r = i % rows, t = t0 + r;
         const int64_t b = bh / a.heads, h = bh % a.heads;
-        const float* part = scratch.partial + bh * max_blocks * pf;
+        const float* part = scratch.partial + (bh * pass + r) * row_floats;
         k.decode_attention_merge_f32(
-            blocks, a.v_head_dim, part, part + max_blocks, part + 2 * max_blocks, a.v_head_dim,
+            decode_blocks(c.past + t + 1), a.v_head_dim, part, part + max_blocks,
+            part + 2 * max_blocks, a.v_head_dim,
             a.out + b * a.out_batch_stride + t * a.out_row_stride + h * a.out_head_stride);
       }
     });

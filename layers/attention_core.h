@@ -95,9 +95,11 @@ void attention_forward_f32(const Device& device, const AttentionArgs& args,
 // writes its new keys and values into the cache, then:
 //  - past == 0 (the prompt): the fused causal path of attention_forward_f32 over the new q/k/v,
 //    the same computation as a full forward of the prompt;
-//  - past > 0 (a step): the decode kernel, one query row at a time, keys in vector lanes, over
-//    blocks of kDecodeKeyBlock keys merged by log-sum-exp in block order. The blocks are fixed by
-//    position, not by thread count, so results are bitwise the same for any number of threads.
+//  - past > 0 (a step, or a chunk of appended positions): the decode kernel, one query row at a
+//    time, keys in vector lanes, over blocks of kDecodeKeyBlock keys merged by log-sum-exp in
+//    block order; up to kDecodeRowsPerPass rows share a pass over the cache. The blocks are fixed
+//    by position, not by thread count or chunking, so results are bitwise the same for any
+//    number of threads and the same as steps of one position.
 // Cache layout of one layer, per (batch, head): the keys transposed, kt[d * capacity + s], then
 // the values row-major, v[s * v_head_dim + j] (cached_attention_cache_floats).
 struct CachedAttentionArgs {
@@ -113,6 +115,9 @@ struct CachedAttentionArgs {
 // Keys per decode block: 256 keys of d = 64 are 64 KB of K and V, an L2-sized unit of work
 // (~10 us), and at context 4096 give 16 blocks per head to split over the threads.
 constexpr int64_t kDecodeKeyBlock = 256;
+// Query rows the decode kernel takes per pass over the cache (past > 0 with several new
+// positions); the scratch holds partial results for that many rows.
+constexpr int64_t kDecodeRowsPerPass = 16;
 
 int64_t cached_attention_cache_floats(int64_t batch, int64_t heads, int64_t head_dim,
                                       int64_t v_head_dim, int64_t capacity);

@@ -107,26 +107,48 @@ const float* GenerationSession::last_logits(
   return logits_.data();
 }
 
-const float* GenerationSession::prefill(const Tensor& ids) {
+void GenerationSession::check_ids(const Tensor& ids, const char* where) const {
   if (ids.dim() != 2 || ids.size(0) != state_.batch() || ids.size(1) < 1)
-    fail(ErrorCode::Shape, "prompt",
+    fail(ErrorCode::Shape, where,
          "ids " + ids.shape_str() + " are not [" + str(state_.batch()) + ", T] with T >= 1");
   if (ids.dtype() != DType::I64 && ids.dtype() != DType::I32)
-    fail(ErrorCode::DType, "prompt",
+    fail(ErrorCode::DType, where,
          std::string("ids have dtype ") + dtype_safetensors_name(ids.dtype()) +
              "; token ids are I64 or I32");
+}
+
+const float* GenerationSession::run_positions(const Tensor& ids) {
   const int64_t T = ids.size(1);
-  if (T > state_.capacity())
-    fail(ErrorCode::Shape, "prompt",
-         str(T) + " positions are more than the session's capacity of " +
-             str(state_.capacity()));
-  reset();
+  if (T == 1 && ids.dtype() == DType::I64) return step(ids.data<int64_t>());
+  // Only the last position's logits are read: the plan runs the network's per-position tail
+  // (final norm, head) there alone.
   if (!prompt_plan_ || prompt_len_ != T || ids.dtype() != DType::I64) {
     std::map<std::string, TensorDesc> desc = {{ids_name_, TensorDesc{ids.shape(), ids.dtype()}}};
     prompt_plan_ = std::make_unique<Plan>(model_, desc, &state_, /*last_position_only=*/true);
     prompt_len_ = ids.dtype() == DType::I64 ? T : 0;  // an int32 plan is not kept
   }
   return last_logits(prompt_plan_->run({{ids_name_, ids}}, state_));
+}
+
+const float* GenerationSession::prefill(const Tensor& ids) {
+  check_ids(ids, "prompt");
+  const int64_t T = ids.size(1);
+  if (T > state_.capacity())
+    fail(ErrorCode::Shape, "prompt",
+         str(T) + " positions are more than the session's capacity of " +
+             str(state_.capacity()));
+  reset();
+  return run_positions(ids);
+}
+
+const float* GenerationSession::append(const Tensor& ids) {
+  check_ids(ids, "append");
+  const int64_t T = ids.size(1);
+  if (state_.past() + T > state_.capacity())
+    fail(ErrorCode::Shape, "append",
+         str(state_.past()) + " positions so far and " + str(T) + " more pass the capacity of " +
+             str(state_.capacity()));
+  return run_positions(ids);
 }
 
 const float* GenerationSession::step(const int64_t* tokens) {

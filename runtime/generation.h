@@ -58,6 +58,11 @@ class GenerationSession {
   // Runs one new position per sequence (`tokens`: batch ids) after the ones so far; E_SHAPE past
   // the capacity. Returns the new position's logits as prefill does.
   const float* step(const int64_t* tokens);
+  // Runs T new positions per sequence after the ones so far, without resetting (a conversation's
+  // next turn): ids [batch, T] as for prefill; E_SHAPE when past() + T passes the capacity
+  // (nothing runs then). One pass over the weights for all T, the attention reading the cache in
+  // blocks shared by up to 16 new rows. Returns the last new position's logits.
+  const float* append(const Tensor& ids);
   // The logits of the last position run, [batch, vocab] (what prefill and step returned).
   const float* logits() const { return logits_.data(); }
   // The next token of batch row `row` from its logits (greedy or sampled, runtime/sampling.h).
@@ -75,6 +80,10 @@ class GenerationSession {
                     const SamplingOptions& sampling,
                     const std::pair<std::string, std::string>& ids);
   const float* last_logits(const std::vector<std::pair<std::string, Tensor>>& outputs);
+  // E_SHAPE / E_DTYPE unless ids are [batch, T >= 1] int64 or int32; `where` names the call.
+  void check_ids(const Tensor& ids, const char* where) const;
+  // Runs ids [batch, T] after the positions so far (the caller checked the capacity).
+  const float* run_positions(const Tensor& ids);
 
   const Model& model_;
   std::string ids_name_;
@@ -82,7 +91,7 @@ class GenerationSession {
   SamplingOptions sampling_;
   int64_t vocab_ = 0;
   TokenSampler sampler_;
-  std::unique_ptr<Plan> prompt_plan_;  // bound to the last prompt's length
+  std::unique_ptr<Plan> prompt_plan_;  // bound to the last prompt's (or appended chunk's) length
   int64_t prompt_len_ = 0;
   std::unique_ptr<Plan> step_plan_;    // bound to [batch, 1]
   Tensor step_ids_;                    // [batch, 1] int64

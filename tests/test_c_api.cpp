@@ -901,6 +901,27 @@ BOOST_AUTO_TEST_CASE(generation_matches_pytorch_and_outlives_model_free) {
   for (int64_t n = 0; n < N; ++n)
     for (int64_t b = 0; b < B; ++b)
       BOOST_TEST(step_tokens[static_cast<size_t>(n * B + b)] == got[static_cast<size_t>(b * N + n)]);
+  // In pieces: the prompt's first 5 ids, then the rest of it and PyTorch's first 40 tokens
+  // appended (51 positions: passes of 16 rows over the cache), then greedy steps: PyTorch's
+  // continuation from there on.
+  constexpr int64_t kFirst = 5, kGiven = 40;
+  std::vector<int64_t> head, rest;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T + kGiven; ++t)
+      (t < kFirst ? head : rest).push_back(want[static_cast<size_t>(b * (T + N) + t)]);
+  expect_ok([&](tessera_error** e) { return tessera_generator_prefill(g, head.data(), kFirst, e); });
+  expect_ok([&](tessera_error** e) {
+    return tessera_generator_append(g, rest.data(), T + kGiven - kFirst, e);
+  });
+  BOOST_TEST(tessera_generator_position(g) == T + kGiven);
+  for (int64_t n = kGiven; n < N; ++n) {
+    int64_t next[2];
+    expect_ok([&](tessera_error** e) { return tessera_generator_sample(g, next, e); });
+    for (int64_t b = 0; b < B; ++b)
+      BOOST_TEST(next[b] == want[static_cast<size_t>(b * (T + N) + T + n)],
+                 "appended: row " << b << " token " << n);
+    if (n + 1 < N) expect_ok([&](tessera_error** e) { return tessera_generator_step(g, next, e); });
+  }
   tessera_generator_reset(g);
   BOOST_TEST(tessera_generator_position(g) == 0);
   BOOST_TEST(tessera_generator_logits(g) == nullptr);
@@ -987,7 +1008,15 @@ BOOST_AUTO_TEST_CASE(generation_errors) {
                  int64_t out[6];
                  return tessera_generator_generate(g, ids, 3, 6, out, e);
                });
-  expect_ok([&](tessera_error** e) { return tessera_generator_prefill(g, ids, 8, e); });
+  expect_error(TESSERA_E_ARG, "ids is NULL",
+               [&](tessera_error** e) { return tessera_generator_append(g, nullptr, 2, e); });
+  expect_error(TESSERA_E_SHAPE, "length=0",
+               [&](tessera_error** e) { return tessera_generator_append(g, ids, 0, e); });
+  expect_ok([&](tessera_error** e) { return tessera_generator_prefill(g, ids, 6, e); });
+  expect_error(TESSERA_E_SHAPE, "6 positions so far and 3 more pass the capacity of 8",
+               [&](tessera_error** e) { return tessera_generator_append(g, ids, 3, e); });
+  BOOST_TEST(tessera_generator_position(g) == 6);
+  expect_ok([&](tessera_error** e) { return tessera_generator_append(g, ids, 2, e); });
   expect_error(TESSERA_E_SHAPE, "pass the capacity of 8",
                [&](tessera_error** e) { return tessera_generator_step(g, &token, e); });
   tessera_generator_free(g);

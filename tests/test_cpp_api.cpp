@@ -115,6 +115,17 @@ BOOST_AUTO_TEST_CASE(generator_matches_pytorch_and_outlives_its_model) {
       BOOST_TEST(next[static_cast<size_t>(b)] == rows[static_cast<size_t>(b)][static_cast<size_t>(n)]);
     gen->step(next);
   }
+  // The first 10 tokens appended to the prompt in one call: the 11th is PyTorch's.
+  std::vector<int64_t> given;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < 10; ++n) given.push_back(rows[static_cast<size_t>(b)][static_cast<size_t>(n)]);
+  gen->prefill(ids);
+  gen->append(given);
+  BOOST_TEST(gen->position() == T + 10);
+  const std::vector<int64_t> eleventh = gen->sample();
+  for (int64_t b = 0; b < B; ++b)
+    BOOST_TEST(eleventh[static_cast<size_t>(b)] == rows[static_cast<size_t>(b)][10]);
+  BOOST_CHECK_THROW(gen->append({1, 2, 3}), tessera::Error);  // not 2 equal rows
   BOOST_CHECK_THROW(gen->step({1}), tessera::Error);  // one token for a batch of 2
   try {
     gen->prefill({1, 2, 3});  // 3 ids are not 2 equal rows

@@ -79,17 +79,35 @@ struct Trace {
   std::vector<std::vector<float>> logits;    // per position run: [B, vocab]
 };
 
+// [B, T1] and [B, T2] int64 ids -> [B, T1 + T2].
+Tensor concat_ids(const Tensor& a, const Tensor& b) {
+  const int64_t B = a.size(0), T1 = a.size(1), T2 = b.size(1);
+  Tensor out = Tensor::empty({B, T1 + T2}, DType::I64);
+  for (int64_t r = 0; r < B; ++r) {
+    std::copy_n(a.data<int64_t>() + r * T1, T1, out.data<int64_t>() + r * (T1 + T2));
+    std::copy_n(b.data<int64_t>() + r * T2, T2, out.data<int64_t>() + r * (T1 + T2) + T1);
+  }
+  return out;
+}
+
 // Greedy generation of `new_tokens` per row through a session, checked position by position
-// against full recomputation; returns what the session produced.
+// against full recomputation; returns what the session produced. With `chunks`, each is
+// appended after the prompt (GenerationSession::append) before generating.
 Trace check_against_recomputation(const Model& model, const Tensor& prompt, int64_t new_tokens,
-                                  int64_t capacity) {
-  const int64_t B = prompt.size(0), T = prompt.size(1);
+                                  int64_t capacity, const std::vector<Tensor>& chunks = {}) {
+  const int64_t B = prompt.size(0);
   GenerationSession session(model, B, capacity, SamplingOptions{});
   const int64_t V = session.vocab();
   Trace trace;
   trace.tokens.resize(static_cast<size_t>(B));
   Tensor seq = prompt.clone();
   const float* logits = session.prefill(prompt);
+  for (const Tensor& chunk : chunks) {
+    logits = session.append(chunk);
+    seq = concat_ids(seq, chunk);
+  }
+  BOOST_TEST(session.past() == seq.size(1));
+  const int64_t T = seq.size(1);
   for (int64_t n = 0; n < new_tokens; ++n) {
     const std::vector<float> want = full_last_logits(model, seq);
     double top = 1.0, err = 0.0;
@@ -147,6 +165,31 @@ BOOST_AUTO_TEST_CASE(rope_attention_matches_full_recomputation) {
   BOOST_TEST(!GenerationSession::context(model.network()).has_value());
   check_against_recomputation(model, random_ids(2, 250, 19, 8), 12, 300);
   check_against_recomputation(model, random_ids(1, 1, 19, 9), 6, 8);
+}
+
+// Appended chunks of new positions (a conversation's next turns) give the logits of full
+// recomputation, and so do the steps after them: every appended position's keys and values
+// reached the caches at its absolute position. Chunks of 1, of fewer than 16 rows, and of 30
+// rows (two passes of the decode kernel) across the 256-key block boundary; B = 2.
+BOOST_AUTO_TEST_CASE(append_matches_full_recomputation) {
+  const Model gpt(tiny_gpt(24), 12);
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    check_against_recomputation(gpt, random_ids(2, 3, 23, 20), 24 - 3 - 9 - 1, 24,
+                                {random_ids(2, 9, 23, 21), random_ids(2, 1, 23, 22)});
+  }
+  set_num_threads(0);
+  const Model rope(parse_network(std::string(kRopeNet), "rope"), 5);
+  check_against_recomputation(rope, random_ids(2, 240, 19, 23), 4, 300,
+                              {random_ids(2, 30, 19, 24)});
+  // Past the capacity: E_SHAPE, and nothing ran.
+  GenerationSession session(gpt, 2, 24, SamplingOptions{});
+  session.prefill(random_ids(2, 20, 23, 25));
+  expect_error(ErrorCode::Shape, "append: 20 positions so far and 5 more pass the capacity of 24",
+               [&] { session.append(random_ids(2, 5, 23, 26)); });
+  BOOST_TEST(session.past() == 20);
+  expect_error(ErrorCode::Shape, "append: ids [1, 2] are not [2, T] with T >= 1",
+               [&] { session.append(random_ids(1, 2, 23, 26)); });
 }
 
 // Sampling is seeded: the same tokens at any thread count, and again after reset.

@@ -626,6 +626,18 @@ tessera_code tessera_generator_prefill(tessera_generator* g, const int64_t* ids,
   });
 }
 
+tessera_code tessera_generator_append(tessera_generator* g, const int64_t* ids, int64_t length,
+                                      tessera_error** error) {
+  constexpr const char* fn = "tessera_generator_append";
+  return guarded(fn, error, [&] {
+    require(g, "generator", fn);
+    require(ids, "ids", fn);
+    Tensor chunk;
+    prompt_tensor(g, ids, length, fn, chunk);
+    g->logits = g->session->append(chunk);
+  });
+}
+
 tessera_code tessera_generator_step(tessera_generator* g, const int64_t* tokens,
                                     tessera_error** error) {
   constexpr const char* fn = "tessera_generator_step";

@@ -276,8 +276,19 @@ TESSERA_API tessera_code tessera_generator_prefill(tessera_generator* generator,
  * vocabulary. */
 TESSERA_API tessera_code tessera_generator_step(tessera_generator* generator,
                                                 const int64_t* tokens, tessera_error** error);
+/* Runs `length` new positions per row after those so far, without resetting (a conversation's
+ * next turn: the positions before it stay in the caches). `ids` holds batch rows of `length`
+ * ids, row-major. One pass over the weights for the whole chunk, not one per token. Afterwards
+ * tessera_generator_logits() holds each row's logits for the next token. Before any prefill it
+ * runs as a prompt (without the reset). E_ARG: NULL arguments. E_SHAPE: length < 1, the
+ * positions so far plus `length` above the capacity, an id outside the vocabulary (nothing has
+ * run then). */
+TESSERA_API tessera_code tessera_generator_append(tessera_generator* generator,
+                                                  const int64_t* ids, int64_t length,
+                                                  tessera_error** error);
 /* The logits of the last position run, [batch, vocab] row-major float32, owned by the generator
- * and valid until its next prefill, step, reset or free; NULL before the first prefill. */
+ * and valid until its next prefill, append, step, reset or free; NULL before the first prefill
+ * or append. */
 TESSERA_API const float* tessera_generator_logits(const tessera_generator* generator);
 /* Chooses each row's next token from tessera_generator_logits() into tokens[batch] (greedy, or
  * one draw per row from its seeded stream). E_ARG: NULL arguments, no prefill yet.

@@ -272,6 +272,12 @@ class Generator {
     tessera_error* error = nullptr;
     detail::check(tessera_generator_prefill(get(), ids.data(), length, &error), error);
   }
+  // More positions after those so far (batch rows of `length` ids), without a reset.
+  void append(const std::vector<int64_t>& ids) {
+    const int64_t length = rows_of(ids, "Generator::append");
+    tessera_error* error = nullptr;
+    detail::check(tessera_generator_append(get(), ids.data(), length, &error), error);
+  }
   void step(const std::vector<int64_t>& tokens) {
     check_batch(tokens, "Generator::step");
     tessera_error* error = nullptr;
