@@ -13,7 +13,8 @@
 //    head reads tok.weight). bound = weight bytes / read bandwidth.
 // 3. Prefill of seeded random ids [batch, prompt]: one warm-up (it builds the prompt plan and
 //    faults in the weights), then best and median of 3; then `new` greedy steps, each timed:
-//    median, tokens/s = batch / median, median / bound.
+//    median, tokens/s = batch / median, median / bound. Then the same number of positions
+//    appended after the prompt in one call (GenerationSession::append), best of 3.
 // 4. Per context C of --contexts up to the network's context: prefill C-17 positions, one
 //    warm-up step (position C-17), 16 timed steps (positions C-16..C-1): median, the K/V cache
 //    bytes the last step reads, the bound with them; and the slope of the step time in us per
@@ -254,7 +255,7 @@ int run(const Options& o) {
 
   // Prefill and decode at a short context: the weights dominate.
   double first_prefill_ms = 0.0;
-  std::vector<double> prefill_ms, step_ms;
+  std::vector<double> prefill_ms, step_ms, append_ms;
   double main_kv_bytes = 0.0;  // the cache at capacity prompt + new: the last step reads it all
   int64_t vocab = 0;
   {
@@ -271,6 +272,15 @@ int run(const Options& o) {
     }
     step_ms = timed_steps(session, logits, o.new_tokens);
     main_kv_bytes = DecodeState(model, o.batch, capacity).cache_bytes();
+    // The same `new` positions given at once after the prompt (append: a conversation's next
+    // turn), against stepping through them: one warm-up (it builds the chunk's plan), best of 3.
+    const Tensor chunk = random_ids(o.batch, o.new_tokens, vocab, 2);
+    for (int r = 0; r <= kPrefillRuns; ++r) {
+      session.prefill(ids);
+      t0 = steady_now_s();
+      session.append(chunk);
+      if (r > 0) append_ms.push_back((steady_now_s() - t0) * 1e3);
+    }
   }
   const double main_peak_rss = peak_rss_mib();
 
@@ -338,6 +348,7 @@ int run(const Options& o) {
     j.number("tokens_per_s", tokens_per_s);
     j.number("step_over_bound", step_median / bound_ms);
     j.number("kv_bytes_last_step", main_kv_bytes);
+    j.number("append_ms_best", min_of(append_ms));
     std::string runs = "[";
     for (const ContextRun& r : context_runs) {
       JsonLine c;
@@ -376,6 +387,11 @@ int run(const Options& o) {
       "%.2fx the bound\n",
       static_cast<long>(o.new_tokens), static_cast<long>(o.prompt), static_cast<long>(capacity - 1),
       step_median, min_of(step_ms), tokens_per_s, step_median / bound_ms);
+  std::printf("append %ld positions after the prompt at once: best %.1f ms (%.2f ms per position; "
+              "%.1f ms as steps)\n",
+              static_cast<long>(o.new_tokens), min_of(append_ms),
+              min_of(append_ms) / static_cast<double>(o.new_tokens),
+              step_median * static_cast<double>(o.new_tokens));
   if (!context_runs.empty()) {
     std::printf("%8s %10s %12s %22s %11s\n", "context", "step ms", "K/V MB read",
                 "bound ms (weights+K/V)", "step/bound");

@@ -173,7 +173,7 @@ def table(header, rows):
 
 def report(rows):
     """The main table, the per-context table and the targets, as text."""
-    main_header = ["config", "thr", "prefill ms", "step ms", "bound ms", "step/bound", "tok/s",
+    main_header = ["config", "thr", "prefill ms", "append ms", "step ms", "bound ms", "step/bound", "tok/s",
                    "torch step ms", "vs torch", "recompute ms/tok", "slope us/1k",
                    "2-thr @C", "RSS MiB", "torch RSS MiB", "targets"]
     main, contexts, target_lines = [], [], []
@@ -191,7 +191,8 @@ def report(rows):
         verdict = "MET" if bound_met and torch_met else "NOT MET"
         main.append([
             r["config"], r["threads"],
-            fmt(t.get("prefill_ms_median")), fmt(t.get("step_ms_median")),
+            fmt(t.get("prefill_ms_median")), fmt(t.get("append_ms_best"), ".1f"),
+            fmt(t.get("step_ms_median")),
             fmt(t.get("bound_ms")),
             fmt(t["step_ms_median"] / t["bound_ms"]) if ok_t else "FAILED",
             fmt(t.get("tokens_per_s"), ".1f"),
@@ -216,7 +217,8 @@ def report(rows):
                       "step/bound", "torch step ms", "vs torch"]
     return "\n".join([
         f"Prefill {PROMPT} and {NEW} greedy decode steps (positions {PROMPT}..{PROMPT + NEW - 1}),"
-        " batch 1; medians. bound = weight bytes per step / read bandwidth (same process, same"
+        f" batch 1; medians. append: the same {NEW} positions given after the prompt in one call"
+        " (GenerationSession::append), best of 3. bound = weight bytes per step / read bandwidth (same process, same"
         " threads). recompute: GPT.forward over the whole sequence per token. slope: step time"
         f" from position {PROMPT + NEW // 2} to the largest context. 2-thr: 1-thread step /"
         " 2-thread step at the largest context. RSS: peak (PyTorch's: while decoding, after"
