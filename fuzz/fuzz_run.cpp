@@ -19,8 +19,9 @@
 //  - a second run of the same plan, whose buffers now hold the first run's values, gives the
 //    same bytes: no output depends on memory a run did not write first;
 //  - a network that can generate (one int64 ids input [B, T], T >= 2) also runs incrementally:
-//    the prompt of T - 1 positions and one step through a GenerationSession, twice, with the
-//    same bytes both times (the incremental path's caches and plans read nothing unwritten).
+//    the first position as the prompt, the next T - 2 appended in one call, and one step through
+//    a GenerationSession, twice, with the same bytes both times (the incremental path's caches
+//    and plans read nothing unwritten).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -66,7 +67,8 @@ std::vector<uint8_t> bytes_of(const Tensor& t) {
   return std::vector<uint8_t>(p, p + c.nbytes());
 }
 
-// The prompt ids[:, :T-1], then one step with ids[:, T-1], when the network can generate.
+// The prompt ids[:, :1], ids[:, 1:T-1] appended, then one step with ids[:, T-1], when the network
+// can generate.
 void generate_incrementally(const Model& model, const std::map<std::string, Tensor>& tensors) {
   try {
     GenerationSession::check(model.network());
@@ -76,17 +78,15 @@ void generate_incrementally(const Model& model, const std::map<std::string, Tens
   const Tensor ids = tensors.begin()->second.to(DType::I64).contiguous();
   if (ids.dim() != 2 || ids.size(0) < 1 || ids.size(1) < 2) return;
   const int64_t B = ids.size(0), T = ids.size(1);
-  Tensor prompt = Tensor::empty({B, T - 1}, DType::I64);
+  const Tensor prompt = ids.narrow(1, 0, 1).contiguous();
+  const Tensor middle = ids.narrow(1, 1, T - 2).contiguous();  // empty when T == 2
   std::vector<int64_t> last(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) {
-    std::memcpy(prompt.data<int64_t>() + b * (T - 1), ids.data<int64_t>() + b * T,
-                static_cast<size_t>(T - 1) * sizeof(int64_t));
-    last[static_cast<size_t>(b)] = ids.data<int64_t>()[b * T + T - 1];
-  }
+  for (int64_t b = 0; b < B; ++b) last[static_cast<size_t>(b)] = ids.data<int64_t>()[b * T + T - 1];
   std::vector<float> logits[2];
   for (std::vector<float>& out : logits) {
     GenerationSession session(model, B, T, SamplingOptions{});
     session.prefill(prompt);
+    if (T > 2) session.append(middle);
     const float* step = session.step(last.data());
     out.assign(step, step + B * session.vocab());
   }
