@@ -9,6 +9,7 @@
 #include "core/limits.h"
 #include "core/random.h"
 #include "core/text.h"
+#include "layers/tensor_checks.h"
 
 namespace tessera {
 
@@ -691,16 +692,14 @@ bool mentions_symbol(const Dim& d, const std::string& symbol) {
   return false;
 }
 
-// The axis of a value's shape that is the sequence `seq`: -1 when no dim involves it (the value
-// is the same at every position), -2 when it is not one plain axis ("2*T", or two of them).
+// The axis of a value's shape that is the sequence `seq` (tensor_checks' seq_axis): -1 when no dim
+// involves it (the value is the same at every position), -2 when it is not one plain axis
+// ("2*T", or T twice).
 int sequence_axis(const SymShape& shape, const std::string& seq) {
-  int axis = -1;
-  for (size_t a = 0; a < shape.size(); ++a) {
-    if (!mentions_symbol(shape[a], seq)) continue;
-    if (axis != -1 || shape[a].text != seq) return -2;
-    axis = static_cast<int>(a);
-  }
-  return axis;
+  const int64_t axis = seq_axis(shape, seq);
+  for (size_t a = 0; a < shape.size(); ++a)
+    if (static_cast<int64_t>(a) != axis && mentions_symbol(shape[a], seq)) return -2;
+  return static_cast<int>(axis);
 }
 
 // The nodes a run needs at the last position only, when only the last position of each network
@@ -749,7 +748,7 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs,
   const size_t n_values = types_.size();
   last_position_node_.assign(nodes.size(), 0);
   last_position_copy_.resize(n_values);
-  seq_axis_.assign(n_values, -1);
+  copy_axis_.assign(n_values, -1);
   std::vector<ValueType> copy_types(n_values);  // of the last-position copies
   std::vector<int64_t> copy_floats;             // their sizes, for the memory check
   if (last_position_only) {
@@ -774,10 +773,10 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs,
         const bool inside = nv.port >= 0 && nv.producer >= 0 &&
                             last_position_node_[static_cast<size_t>(nv.producer)];
         const int axis = sequence_axis(nv.type.shape, seq);
-        if (inside || axis < 0 || seq_axis_[v] >= 0) continue;
+        if (inside || axis < 0 || copy_axis_[v] >= 0) continue;
         Shape shape = concrete_shape(types_[v].shape);
         shape[static_cast<size_t>(axis)] = 1;
-        seq_axis_[v] = axis;
+        copy_axis_[v] = axis;
         copy_types[v] = ValueType{fixed_shape(shape), types_[v].dtype, {}};
         copy_floats.push_back(buffer_floats(copy_types[v]));
       }
@@ -787,7 +786,7 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs,
   auto node_input_type = [&](size_t node, int id) -> const ValueType* {
     if (id < 0) return nullptr;
     const size_t v = static_cast<size_t>(id);
-    return last_position_node_[node] && seq_axis_[v] >= 0 ? &copy_types[v] : &types_[v];
+    return reads_last_position_copy(node, id) ? &copy_types[v] : &types_[v];
   };
   double workspace = 0.0;  // the most any node takes: nodes run one at a time
   for (size_t i = 0; i < nodes.size(); ++i) {
@@ -810,7 +809,7 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs,
     buffers_.push_back(Tensor::empty({std::max<int64_t>(cap, 1)}));
   workspace_ = Tensor::empty({static_cast<int64_t>(workspace / sizeof(float)) + 1});
   for (size_t v = 0; v < n_values; ++v)
-    if (seq_axis_[v] >= 0)
+    if (copy_axis_[v] >= 0)
       last_position_copy_[v] =
           Tensor::empty(concrete_shape(copy_types[v].shape), copy_types[v].dtype);
 
@@ -845,9 +844,9 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs,
   for (size_t i = 0; i < nodes.size(); ++i) {
     for (int id : nodes[i].inputs) {
       const size_t v = static_cast<size_t>(id);
-      node_in_[i].push_back(id < 0                                         ? nullptr
-                            : last_position_node_[i] && seq_axis_[v] >= 0 ? &last_position_copy_[v]
-                                                                           : &values_[v]);
+      node_in_[i].push_back(id < 0                               ? nullptr
+                            : reads_last_position_copy(i, id) ? &last_position_copy_[v]
+                                                              : &values_[v]);
     }
     for (int id : nodes[i].outputs) node_out_[i].push_back(&values_[static_cast<size_t>(id)]);
   }
@@ -912,6 +911,10 @@ void Plan::bind_inputs(const std::map<std::string, Tensor>& inputs) {
   }
 }
 
+bool Plan::reads_last_position_copy(size_t node, int id) const {
+  return id >= 0 && last_position_node_[node] && copy_axis_[static_cast<size_t>(id)] >= 0;
+}
+
 void Plan::set_node_timing(bool on) {
   node_timing_ = on;
   if (on) node_seconds_.assign(model_->network().nodes().size(), 0.0);
@@ -924,14 +927,13 @@ void Plan::run_nodes(DecodeState* state) {
     const auto start = node_timing_ ? std::chrono::steady_clock::now()
                                     : std::chrono::steady_clock::time_point{};
     try {
-      if (last_position_node_[i])
-        for (int id : nodes[i].inputs) {
-          const size_t v = static_cast<size_t>(id);
-          if (id < 0 || seq_axis_[v] < 0) continue;
-          const Tensor& full = values_[v];
-          const int64_t len = full.size(seq_axis_[v]);
-          last_position_copy_[v].copy_from(full.narrow(seq_axis_[v], len - 1, 1));
-        }
+      for (int id : nodes[i].inputs) {
+        if (!reads_last_position_copy(i, id)) continue;
+        const size_t v = static_cast<size_t>(id);
+        const Tensor& full = values_[v];
+        const int64_t len = full.size(copy_axis_[v]);
+        last_position_copy_[v].copy_from(full.narrow(copy_axis_[v], len - 1, 1));
+      }
       Workspace ws(workspace_.raw_data(), workspace_.nbytes());
       if (state) {
         StepState step;

@@ -258,7 +258,9 @@ class Plan {
   // across that boundary, its last position (a copy, made before the node runs) and the axis.
   std::vector<char> last_position_node_;
   std::vector<Tensor> last_position_copy_;
-  std::vector<int> seq_axis_;
+  std::vector<int> copy_axis_;  // per value: the axis its copy is cut along, -1 when none
+  // Whether `node` reads value `id` through its last-position copy.
+  bool reads_last_position_copy(size_t node, int id) const;
   std::vector<std::vector<const Tensor*>> node_in_;
   std::vector<std::vector<Tensor*>> node_out_;
   std::vector<std::pair<std::string, Tensor>> outputs_;
