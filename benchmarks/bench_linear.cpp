@@ -1,5 +1,6 @@
 // The projections (y = x w^T + bias) at the shapes real models run, through the layer entry
-// every op uses (linear_forward_f32: packing, task split, kernel choice), against OpenBLAS
+// every op uses (linear_forward_f32: packing, task split, kernel choice) with the weight packed
+// as a model holds it ("tessera") and with its rows read in place ("rows"), against OpenBLAS
 // sgemm + bias split by rows the same way, and against the register-only FMA ceiling
 // (fma_loop-inl.h) on the same Highway target and thread count, in the same run.
 //
@@ -25,6 +26,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -59,17 +61,22 @@ struct Times {
 
 // The best run is the kernel's own speed on a host whose neighbours come and go (runs of one
 // binary here vary by 20% from minute to minute); the median is what a caller gets.
-template <class Fn>
-Times time_runs(int reps, Fn&& fn) {
-  fn();
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    const double t0 = fma_now_s();
-    fn();
-    ms.push_back((fma_now_s() - t0) * 1e3);
+// Each rep runs every way once, in turn (one warm-up round first); median and best per way.
+std::vector<Times> time_in_turn(int reps, const std::vector<std::function<void()>>& ways) {
+  for (const auto& fn : ways) fn();
+  std::vector<std::vector<double>> ms(ways.size());
+  for (int i = 0; i < reps; ++i)
+    for (size_t w = 0; w < ways.size(); ++w) {
+      const double t0 = fma_now_s();
+      ways[w]();
+      ms[w].push_back((fma_now_s() - t0) * 1e3);
+    }
+  std::vector<Times> out;
+  for (auto& v : ms) {
+    std::sort(v.begin(), v.end());
+    out.push_back({v[v.size() / 2], v.front()});
   }
-  std::sort(ms.begin(), ms.end());
-  return {ms[ms.size() / 2], ms.front()};
+  return out;
 }
 
 std::vector<float> random_floats(size_t n, uint64_t seed) {
@@ -152,36 +159,55 @@ int main(int argc, char** argv) {
                  (16 - reinterpret_cast<uintptr_t>(workspace.data()) / 4 % 16) % 16;
     const double flops = 2.0 * static_cast<double>(s.m) * s.n * s.k;
     const int r = reps > 0 ? reps : std::clamp(static_cast<int>(2e9 / flops), 5, 301);
-    const Times own = time_runs(r, [&] {
-      linear_forward_f32(dev, s.m, s.k, s.n, x.data(), s.k, w.data(), bias.data(), y.data(), s.n,
-                         wsp);
-    });
-    // OpenBLAS the way the layer would call it without its own kernel: one sgemm per row block.
-    const Times blas = time_runs(r, [&] {
-      const int64_t grain = std::max<int64_t>(16, (s.m + threads - 1) / threads);
-      parallel_for(0, s.m, grain, [&](int64_t r0, int64_t r1) {
-        k.gemm_f32(false, true, r1 - r0, s.n, s.k, 1.0f, x.data() + r0 * s.k, s.k, w.data(), s.k,
-                   0.0f, y.data() + r0 * s.n, s.n);
-        k.add_bias_rows_f32(r1 - r0, s.n, y.data() + r0 * s.n, s.n, bias.data());
-      });
-    });
-    const double own_g = flops / own.median_ms * 1e-6, blas_g = flops / blas.median_ms * 1e-6;
-    const double own_best = flops / own.best_ms * 1e-6, blas_best = flops / blas.best_ms * 1e-6;
+    // The weight packed as a model's layers hold it (ParameterSet::pack_projections).
+    const LinearKernels& lk = *k.linear(DType::F32);
+    const int64_t n_panels = (s.n + lk.weight_panel - 1) / lk.weight_panel;
+    std::vector<float> panel_store(static_cast<size_t>(n_panels * lk.weight_panel * s.k + 16));
+    float* panels = panel_store.data() +
+                    (16 - reinterpret_cast<uintptr_t>(panel_store.data()) / 4 % 16) % 16;
+    lk.pack_weights(s.n, s.k, w.data(), s.k, 0, n_panels, panels);
+    // Three ways, timed in turn within every rep so that the host's drift hits them alike:
+    // the weight packed (what a model's projections run), the weight's rows read in place (the
+    // C++ layers, tied weights), OpenBLAS the way the layer would call it without its own
+    // kernels (one sgemm per row block).
+    const std::vector<std::function<void()>> ways = {
+        [&] {
+          linear_forward_f32(dev, s.m, s.k, s.n, x.data(), s.k, {w.data(), panels}, bias.data(),
+                             y.data(), s.n, wsp);
+        },
+        [&] {
+          linear_forward_f32(dev, s.m, s.k, s.n, x.data(), s.k, w.data(), bias.data(), y.data(),
+                             s.n, wsp);
+        },
+        [&] {
+          const int64_t grain = std::max<int64_t>(16, (s.m + threads - 1) / threads);
+          parallel_for(0, s.m, grain, [&](int64_t r0, int64_t r1) {
+            k.gemm_f32(false, true, r1 - r0, s.n, s.k, 1.0f, x.data() + r0 * s.k, s.k, w.data(),
+                       s.k, 0.0f, y.data() + r0 * s.n, s.n);
+            k.add_bias_rows_f32(r1 - r0, s.n, y.data() + r0 * s.n, s.n, bias.data());
+          });
+        }};
+    const std::vector<Times> t = time_in_turn(r, ways);
+    auto gflops = [&](double ms) { return flops / ms * 1e-6; };
+    const char* names[] = {"tessera", "rows", "openblas"};
     if (json) {
-      std::printf(
-          "{\"m\":%ld,\"n\":%ld,\"k\":%ld,\"threads\":%d,\"target\":\"%s\","
-          "\"ceiling_gflops\":%.2f,\"tessera_ms\":%.4f,\"tessera_gflops\":%.2f,"
-          "\"tessera_best_gflops\":%.2f,\"openblas_ms\":%.4f,\"openblas_gflops\":%.2f,"
-          "\"openblas_best_gflops\":%.2f}\n",
-          static_cast<long>(s.m), static_cast<long>(s.n), static_cast<long>(s.k), threads,
-          dev.simd_target(), ceiling, own.median_ms, own_g, own_best, blas.median_ms, blas_g,
-          blas_best);
+      std::printf("{\"m\":%ld,\"n\":%ld,\"k\":%ld,\"threads\":%d,\"target\":\"%s\","
+                  "\"ceiling_gflops\":%.2f",
+                  static_cast<long>(s.m), static_cast<long>(s.n), static_cast<long>(s.k), threads,
+                  dev.simd_target(), ceiling);
+      for (size_t i = 0; i < t.size(); ++i)
+        std::printf(",\"%s_ms\":%.4f,\"%s_gflops\":%.2f,\"%s_best_gflops\":%.2f", names[i],
+                    t[i].median_ms, names[i], gflops(t[i].median_ms), names[i],
+                    gflops(t[i].best_ms));
+      std::printf("}\n");
     } else {
-      std::printf("%5ld x %5ld x %5ld  tessera %8.3f ms %6.1f GFLOP/s (best %6.1f = %5.1f%%)   "
-                  "openblas %8.3f ms %6.1f GFLOP/s (best %6.1f = %5.1f%%)\n",
-                  static_cast<long>(s.m), static_cast<long>(s.n), static_cast<long>(s.k),
-                  own.median_ms, own_g, own_best, 100.0 * own_best / ceiling, blas.median_ms,
-                  blas_g, blas_best, 100.0 * blas_best / ceiling);
+      std::printf("%5ld x %5ld x %5ld", static_cast<long>(s.m), static_cast<long>(s.n),
+                  static_cast<long>(s.k));
+      for (size_t i = 0; i < t.size(); ++i)
+        std::printf("  %s %8.3f ms %6.1f (best %6.1f = %5.1f%%)", names[i], t[i].median_ms,
+                    gflops(t[i].median_ms), gflops(t[i].best_ms),
+                    100.0 * gflops(t[i].best_ms) / ceiling);
+      std::printf("\n");
     }
   }
   return 0;

@@ -28,4 +28,9 @@ Allocator& host_allocator();
 // Its large blocks come from mmap, not malloc: tests/allocation_counter.h counts them by this.
 uint64_t host_allocation_count();
 
+// Asks the OS to reclaim the resident pages wholly inside [p, p + bytes) (MADV_PAGEOUT): a hint
+// that loses no data on any memory (file pages are read again when touched; anonymous memory
+// without swap stays). For a checkpoint's mapping whose values were copied elsewhere.
+void release_resident_pages(const void* p, size_t bytes) noexcept;
+
 }  // namespace tessera

@@ -45,6 +45,22 @@ struct LinearKernels {
   int64_t matvec_max_rows = 0;
   void (*matvec)(int64_t m, int64_t k, const float* x, int64_t ldx, const void* w, int64_t ldw,
                  int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) = nullptr;
+  // A layer's own weights packed once (ParameterSet::pack_projections) into panels of
+  // weight_panel output features, ceil(n / weight_panel) * weight_panel * k floats, the same
+  // layout on every target: pack_weights writes panels q0 .. q1 - 1 of w [n, k]. `panels`
+  // computes rows r0 .. r1 - 1 x columns c0 .. c1 - 1 of y = x w^T + bias from them (c0 a
+  // multiple of panel_task_cols), `panels_matvec` the same for m <= matvec_max_rows rows (c0 a
+  // multiple of weight_panel). Every y element is one FMA chain in k order, bias last, however
+  // the rows and columns are split; the packed kernel above computes the same bits.
+  int64_t weight_panel = 0, panel_task_cols = 0;
+  void (*pack_weights)(int64_t n, int64_t k, const float* w, int64_t ldw, int64_t q0, int64_t q1,
+                       float* panels) = nullptr;
+  void (*panels)(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t r1,
+                 const float* panels, int64_t n, int64_t c0, int64_t c1, const float* bias,
+                 float* y, int64_t ldy) = nullptr;
+  void (*panels_matvec)(int64_t m, int64_t k, const float* x, int64_t ldx, const float* panels,
+                        int64_t n, int64_t c0, int64_t c1, const float* bias, float* y,
+                        int64_t ldy) = nullptr;
 };
 
 // An elementwise map y[i] = f(x[i]) for i < n (y may alias x), named by the op it serves.

@@ -107,6 +107,50 @@ bool small_product(int64_t rows, int64_t in_features, int64_t out_features) {
   return 2.0 * static_cast<double>(rows) * in_features * out_features < 2e6;
 }
 
+// From the layer's packed weight: a few rows stream every panel once (features in fixed blocks
+// of 64, tasks of >= ~256 KB of weights, as the matvec above); more rows run the panel GEMM in
+// tasks of row blocks of <= 240 rows (a depth block of the block's x, 240 KiB at 256 steps,
+// stays in the 512 KiB L2 of Zen 3 while its column tiles pass) x column blocks of <= 192
+// features, narrowed until there are >= 8 tasks so that two threads balance at 128 rows. The
+// split changes no result (one FMA chain per element in k order).
+void linear_panels_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in_features,
+                               int64_t out_features, const float* x, int64_t x_stride,
+                               const float* panels, const float* bias, float* y,
+                               int64_t y_stride, bool one_thread) {
+  if (lk.panels_matvec != nullptr && rows <= lk.matvec_max_rows) {
+    const int64_t block = 64;
+    const int64_t blocks = (out_features + block - 1) / block;
+    const int64_t grain =
+        std::max<int64_t>(1, 65536 / std::max<int64_t>(block * in_features, 1));
+    parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+      lk.panels_matvec(rows, in_features, x, x_stride, panels, out_features, b0 * block,
+                       std::min(out_features, b1 * block), bias, y, y_stride);
+    });
+    return;
+  }
+  if (one_thread) {
+    lk.panels(in_features, x, x_stride, 0, rows, panels, out_features, 0, out_features, bias, y,
+              y_stride);
+    return;
+  }
+  const int64_t step = lk.panel_task_cols;
+  const int64_t row_blocks = (rows + 239) / 240;
+  const int64_t block_rows = (rows + row_blocks - 1) / row_blocks;
+  const int64_t want_col_blocks = (8 + row_blocks - 1) / row_blocks;
+  const int64_t block_cols = std::clamp<int64_t>(
+      ((out_features + want_col_blocks - 1) / want_col_blocks + step - 1) / step * step, step,
+      4 * step);
+  const int64_t col_blocks = (out_features + block_cols - 1) / block_cols;
+  parallel_for(0, row_blocks * col_blocks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r0 = (t / col_blocks) * block_rows, c0 = (t % col_blocks) * block_cols;
+      lk.panels(in_features, x, x_stride, r0, std::min(rows, r0 + block_rows), panels,
+                out_features, c0, std::min(out_features, c0 + block_cols), bias, y, y_stride);
+    }
+  });
+}
+
+
 }  // namespace
 
 int64_t linear_workspace_floats(const Device& device, int64_t rows, int64_t in_features,
@@ -120,10 +164,18 @@ int64_t linear_workspace_floats(const Device& device, int64_t rows, int64_t in_f
 }
 
 void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
-                        int64_t out_features, const float* x, int64_t x_stride, const float* w,
-                        const float* bias, float* y, int64_t y_stride, float* workspace) {
+                        int64_t out_features, const float* x, int64_t x_stride,
+                        ProjectionWeight weight, const float* bias, float* y, int64_t y_stride,
+                        float* workspace) {
   if (rows <= 0 || out_features <= 0) return;
   const KernelTable& k = device.kernels();
+  if (const LinearKernels* lk = k.linear(DType::F32);
+      weight.panels != nullptr && lk != nullptr && lk->panels != nullptr) {
+    linear_panels_forward_f32(*lk, rows, in_features, out_features, x, x_stride, weight.panels,
+                              bias, y, y_stride, small_product(rows, in_features, out_features));
+    return;
+  }
+  const float* w = weight.rows;
   if (const LinearKernels* lk = k.linear(DType::F32);
       lk != nullptr && lk->matvec != nullptr && rows <= lk->matvec_max_rows) {
     linear_matvec_forward_f32(*lk, rows, in_features, out_features, x, x_stride, w, bias, y,
@@ -185,7 +237,7 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
     fail(ErrorCode::Constraint, "linear",
          "in_features=" + std::to_string(in_features) +
              " and out_features=" + std::to_string(out_features) + " must be positive");
-  params_.add("weight", {out_features, in_features});
+  params_.add_projection("weight", out_features, in_features);
   if (bias) params_.add("bias", {out_features});
 }
 
@@ -214,8 +266,7 @@ void linear_rows(const Linear& layer, const Tensor& x, Tensor& y, Workspace& ws)
   const ParameterSet& p = layer.parameters();
   float* scratch = ws.take<float>(linear_workspace_floats(cpu_device(), rows, K, N));
   linear_forward_f32(cpu_device(), rows, K, N, rows ? x.data<float>() : nullptr, K,
-                     p.tensor("weight").data<float>(),
-                     layer.has_bias() ? p.tensor("bias").data<float>() : nullptr,
+                     p.projection("weight"), layer.has_bias() ? p.tensor("bias").data<float>() : nullptr,
                      rows ? y.data<float>() : nullptr, N, scratch);
 }
 

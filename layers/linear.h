@@ -17,10 +17,12 @@ int64_t linear_workspace_floats(const Device& device, int64_t rows, int64_t in_f
 
 // y[m, n] = sum_k x[m, k] * w[n, k] + bias[n] (bias may be null). Row strides in elements;
 // columns contiguous. `workspace`: linear_workspace_floats(...) floats, 64-byte aligned (may be
-// null when that is 0). Work is split over the threads; allocates nothing.
+// null when that is 0). Work is split over the threads; allocates nothing. With w.panels (the
+// layer's packed weight, ParameterSet::pack_projections) the rows of w are never read.
 void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
-                        int64_t out_features, const float* x, int64_t x_stride, const float* w,
-                        const float* bias, float* y, int64_t y_stride, float* workspace);
+                        int64_t out_features, const float* x, int64_t x_stride,
+                        ProjectionWeight w, const float* bias, float* y, int64_t y_stride,
+                        float* workspace);
 
 // nn.Linear(in_features, out_features, bias): parameters `weight` [out, in], `bias` [out].
 class Linear {

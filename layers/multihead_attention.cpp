@@ -72,7 +72,7 @@ struct Layout {
 // batch-first buffer with appended positions has a gap after each sequence: then one GEMM per
 // sequence.
 void project(const Device& device, const float* x, int64_t len_in, int64_t in_features,
-             int64_t out_features, const float* w, const float* bias, float* y, const Layout& out,
+             int64_t out_features, ProjectionWeight w, const float* bias, float* y, const Layout& out,
              float* linear_ws) {
   if (!out.batch_first || out.len == len_in) {
     linear_forward_f32(device, len_in * out.batch, in_features, out_features, x, in_features, w,
@@ -488,9 +488,15 @@ ProjectedQkv project_qkv(const MultiheadAttentionOptions& opt, const MhaWeights&
     q = s.proj;
     k = q + N * L * E;
     v = k + N * d.Sp * E;
-    const float* wq = packed ? w.in_proj_weight : w.q_proj_weight;
-    const float* wk = packed ? wq + E * E : w.k_proj_weight;
-    const float* wv = packed ? wq + 2 * E * E : w.v_proj_weight;
+    // Rows E.. and 2E.. of a packed in_proj: its panels start there when E is a whole number of
+    // panels (weight_panel = 16), else those rows are read in place.
+    auto rows_from = [&](const ProjectionWeight& pw, int64_t row) {
+      const bool whole = pw.panels != nullptr && E % 16 == 0;
+      return ProjectionWeight(pw.rows + row * E, whole ? pw.panels + row * E : nullptr);
+    };
+    const ProjectionWeight wq = packed ? rows_from(w.in_proj_weight, 0) : w.q_proj_weight;
+    const ProjectionWeight wk = packed ? rows_from(w.in_proj_weight, E) : w.k_proj_weight;
+    const ProjectionWeight wv = packed ? rows_from(w.in_proj_weight, 2 * E) : w.v_proj_weight;
     project(device, query.data<float>(), L, E, E, wq, bq, q, q_layout, s.linear);
     if (S > 0) {
       project(device, key.data<float>(), S, d.kdim, E, wk, bk, k, kv_layout, s.linear);
@@ -586,7 +592,9 @@ MultiheadAttention::MultiheadAttention(const MultiheadAttentionOptions& options,
                                        std::optional<uint64_t> seed)
     : opt_(options) {
   validate_mha_options(opt_, kWhere);
-  for (const auto& [name, shape] : mha_parameter_shapes(opt_)) params_.add(name, shape, opt_.dtype);
+  for (const auto& [name, shape] : mha_parameter_shapes(opt_))
+    params_.add(name, shape, opt_.dtype).projection =
+        opt_.dtype == DType::F32 && shape.size() == 2 && name.ends_with("weight");
   if (!seed) return;
   Generator gen(*seed);
   reset_parameters(gen);
@@ -651,15 +659,18 @@ MhaWeights mha_weights(const ParameterSet& p, const MultiheadAttentionOptions& o
     const Parameter* param = p.find(name);
     return param ? param->value.data<float>() : nullptr;
   };
+  auto projection = [&](std::string_view name) {
+    return p.contains(name) ? p.projection(name) : ProjectionWeight();
+  };
   MhaWeights w;
-  w.in_proj_weight = get("in_proj_weight");
-  w.q_proj_weight = get("q_proj_weight");
-  w.k_proj_weight = get("k_proj_weight");
-  w.v_proj_weight = get("v_proj_weight");
+  w.in_proj_weight = projection("in_proj_weight");
+  w.q_proj_weight = projection("q_proj_weight");
+  w.k_proj_weight = projection("k_proj_weight");
+  w.v_proj_weight = projection("v_proj_weight");
   w.in_proj_bias = o.bias ? get("in_proj_bias") : nullptr;
   w.bias_k = get("bias_k");
   w.bias_v = get("bias_v");
-  w.out_proj_weight = get("out_proj.weight");
+  w.out_proj_weight = projection("out_proj.weight");
   w.out_proj_bias = o.bias ? get("out_proj.bias") : nullptr;
   return w;
 }

@@ -42,14 +42,14 @@ struct MhaCall {
 // float32 parameters of one layer; null where the layout has none (packed in_proj_weight, or
 // q/k/v_proj_weight; biases when bias=false; bias_k/v without add_bias_kv).
 struct MhaWeights {
-  const float* in_proj_weight = nullptr;
-  const float* q_proj_weight = nullptr;
-  const float* k_proj_weight = nullptr;
-  const float* v_proj_weight = nullptr;
+  ProjectionWeight in_proj_weight;
+  ProjectionWeight q_proj_weight;
+  ProjectionWeight k_proj_weight;
+  ProjectionWeight v_proj_weight;
   const float* in_proj_bias = nullptr;
   const float* bias_k = nullptr;
   const float* bias_v = nullptr;
-  const float* out_proj_weight = nullptr;
+  ProjectionWeight out_proj_weight;
   const float* out_proj_bias = nullptr;
 };
 

@@ -6,6 +6,7 @@
 #include <limits>
 #include <set>
 
+#include "backends/cpu/cpu_device.h"
 #include "core/limits.h"
 #include "core/random.h"
 #include "core/text.h"
@@ -387,6 +388,24 @@ Model::Model(Network network, std::optional<uint64_t> seed) : network_(std::move
       fail(ErrorCode::Internal, node.op->where(),
            "the layer declares other parameters than the resolver counted");
   }
+  if (seed) pack_projections();
+}
+
+void Model::pack_projections() {
+  const Device& device = cpu_device();
+  double held = 0.0, more = 0.0;
+  for (const auto& layer : layers_)
+    if (const ParameterSet* ps = layer->parameters()) {
+      more += sizeof(float) * static_cast<double>(ps->unpacked_panel_floats(device));
+      for (const Parameter& p : ps->all())
+        if (p.panels.defined()) held += static_cast<double>(p.panels.nbytes());
+    }
+  if (more == 0.0) return;
+  check_memory_budget(memory_bytes_ + held + more, network_.spec().origin,
+                      "the model (parameters, precomputed tables and packed weights)");
+  for (auto& layer : layers_)
+    if (ParameterSet* ps = layer->parameters()) ps->pack_projections(device);
+  panel_bytes_ = held + more;
 }
 
 namespace {
@@ -456,6 +475,7 @@ WeightsReport Model::load_weights(const std::map<std::string, Tensor>& state, bo
                 : describe_weight_problems({}, {}, misshaped));
   for (size_t i = 0; i < nodes.size(); ++i)
     if (layers_[i]->parameters() && !subs[i].empty()) layers_[i]->load(subs[i]);
+  pack_projections();
   return {std::move(missing), std::move(unexpected)};
 }
 

@@ -108,8 +108,9 @@ class Model {
   const Network& network() const { return network_; }
   const OpLayer& layer(size_t node) const { return *layers_[node]; }
   int64_t parameter_count() const { return network_.parameter_count(); }
-  // Bytes the layers hold: parameters plus what they precompute (Op::resident_bytes).
-  double memory_bytes() const { return memory_bytes_; }
+  // Bytes the layers hold: parameters plus what they precompute (Op::resident_bytes), plus the
+  // projection weights' packed panels once made (at construction with a seed, at each load).
+  double memory_bytes() const { return memory_bytes_ + panel_bytes_; }
 
   // Loads `state` (keys "<node>.<param>", as PyTorch's state_dict names them; F32, F16, BF16
   // and F64 converted). Every problem is named in one E_WEIGHTS error (where = `where`, the
@@ -126,9 +127,14 @@ class Model {
   std::map<std::string, Tensor> state_dict() const;
 
  private:
+  // Packs every layer's projection weights not packed yet (ParameterSet::pack_projections),
+  // after checking what that adds against the memory budget (E_SHAPE).
+  void pack_projections();
+
   Network network_;
   std::vector<std::unique_ptr<OpLayer>> layers_;
   double memory_bytes_ = 0.0;
+  double panel_bytes_ = 0.0;  // of the packed projection weights held now
 };
 
 // What incremental runs (generation, interfaces.md §6) keep between calls: the caches of the

@@ -4,22 +4,89 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/allocator.h"
+#include "core/device.h"
+#include "core/parallel.h"
 #include "core/random.h"
 
 namespace tessera {
 
 Parameter& ParameterSet::add(const std::string& name, const Shape& shape, DType dtype) {
   if (contains(name)) fail(ErrorCode::Internal, "ParameterSet", "duplicate parameter " + name);
-  params_.push_back(Parameter{name, shape, Tensor::zeros(shape, dtype), true});
+  params_.push_back(Parameter{name, shape, Tensor::zeros(shape, dtype), true, false, Tensor()});
   return params_.back();
+}
+
+Parameter& ParameterSet::add_projection(const std::string& name, int64_t out_features,
+                                        int64_t in_features) {
+  Parameter& p = add(name, {out_features, in_features});
+  p.projection = true;
+  return p;
 }
 
 bool ParameterSet::contains(std::string_view name) const { return find(name) != nullptr; }
 
 Parameter* ParameterSet::find(std::string_view name) {
   for (Parameter& p : params_)
-    if (p.name == name) return &p;
+    if (p.name == name) {
+      p.panels = Tensor();
+      return &p;
+    }
   return nullptr;
+}
+
+ProjectionWeight ParameterSet::projection(std::string_view name) const {
+  const Tensor& t = tensor(name);
+  const Parameter* p = find(name);
+  return {t.data<float>(), p->panels.defined() ? p->panels.data<float>() : nullptr};
+}
+
+namespace {
+
+// The weight_panel of the device's F32 projection kernels, or 0 when it packs no weights.
+int64_t weight_panel(const Device& device) {
+  const LinearKernels* lk = device.kernels().linear(DType::F32);
+  return lk != nullptr && lk->pack_weights != nullptr ? lk->weight_panel : 0;
+}
+
+bool packable(const Parameter& p) {
+  return p.projection && !p.panels.defined() && p.value.dtype() == DType::F32 &&
+         p.value.dim() == 2 && p.value.is_contiguous() && p.value.numel() > 0;
+}
+
+}  // namespace
+
+int64_t ParameterSet::unpacked_panel_floats(const Device& device) const {
+  const int64_t panel = weight_panel(device);
+  int64_t floats = 0;
+  if (panel == 0) return 0;
+  for (const Parameter& p : params_)
+    if (packable(p)) {
+      const int64_t n = p.value.size(0), k = p.value.size(1);
+      floats += (n + panel - 1) / panel * panel * k;
+    }
+  return floats;
+}
+
+void ParameterSet::pack_projections(const Device& device) {
+  const int64_t panel = weight_panel(device);
+  if (panel == 0) return;
+  const LinearKernels& lk = *device.kernels().linear(DType::F32);
+  for (Parameter& p : params_) {
+    if (!packable(p)) continue;
+    const int64_t n = p.value.size(0), k = p.value.size(1);
+    const int64_t panels = (n + panel - 1) / panel;
+    Tensor packed = Tensor::empty({panels * panel * k}, DType::F32);
+    const float* w = p.value.data<float>();
+    float* dst = packed.data<float>();
+    parallel_for(0, panels, std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1)),
+                 [&](int64_t q0, int64_t q1) { lk.pack_weights(n, k, w, k, q0, q1, dst); });
+    p.panels = std::move(packed);
+    // Only the panels are read from now on: the checkpoint's pages of the rows can go (they
+    // come back from the file if something else reads them).
+    if (p.value.read_only())
+      release_resident_pages(w, static_cast<size_t>(n * k) * sizeof(float));
+  }
 }
 
 const Parameter* ParameterSet::find(std::string_view name) const {
@@ -38,11 +105,15 @@ Tensor& ParameterSet::mutable_tensor(std::string_view name) {
   Parameter* p = find(name);
   if (!p) fail(ErrorCode::Internal, "ParameterSet", "no parameter " + std::string(name));
   detach(*p);
+  p->panels = Tensor();
   return p->value;
 }
 
 std::vector<Parameter>& ParameterSet::all() {
-  for (Parameter& p : params_) detach(p);
+  for (Parameter& p : params_) {
+    detach(p);
+    p.panels = Tensor();
+  }
   return params_;
 }
 
@@ -114,6 +185,7 @@ LoadResult ParameterSet::load(const std::map<std::string, Tensor>& state, bool s
     auto it = state.find(prefix + p.name);
     if (it == state.end()) continue;
     const Tensor& src = it->second;
+    p.panels = Tensor();
     if (src.read_only() && src.dtype() == p.value.dtype() && src.is_contiguous()) {
       p.value = src;
       continue;

@@ -17,7 +17,20 @@ struct Parameter {
   Shape shape;
   Tensor value;       // contiguous, in the layer's parameter dtype
   bool trainable = true;  // metadata only: inference never changes parameters
+  bool projection = false;  // a float32 [out, in] weight the layer projects with
+  Tensor panels;      // value packed for the projection kernel (defined after pack_projections)
 };
+
+// A projection's weight [out, in] as linear_forward_f32 takes it: its rows, and the backend's
+// packed panels of them when the layer has packed its weights (else null: rows read in place).
+struct ProjectionWeight {
+  ProjectionWeight(const float* rows_ = nullptr, const float* panels_ = nullptr)  // NOLINT
+      : rows(rows_), panels(panels_) {}
+  const float* rows;
+  const float* panels;
+};
+
+class Device;
 
 struct LoadResult {
   std::vector<std::string> missing;     // declared, not in the checkpoint (left as they were)
@@ -29,6 +42,8 @@ class ParameterSet {
  public:
   // Declares a parameter (zero-filled until initialised or loaded).
   Parameter& add(const std::string& name, const Shape& shape, DType dtype = DType::F32);
+  // Declares a float32 projection weight [out, in]: as add(), and pack_projections() packs it.
+  Parameter& add_projection(const std::string& name, int64_t out_features, int64_t in_features);
   bool contains(std::string_view name) const;
   Parameter* find(std::string_view name);
   const Parameter* find(std::string_view name) const;
@@ -37,6 +52,16 @@ class ParameterSet {
   // load()), so writes never reach the mapping: mutable_tensor() that one, all() every one.
   // find() gives the Parameter to inspect or to replace its value, not to write its data.
   Tensor& mutable_tensor(std::string_view name);
+  // The projection weight `name` (E_INTERNAL when absent), with its panels once packed.
+  ProjectionWeight projection(std::string_view name) const;
+  // Packs every projection weight not packed yet into the layout of `device`'s projection
+  // kernel (LinearKernels::pack_weights), so that forwards read the panels and never the rows;
+  // a weight that is a read-only view of a checkpoint then has its resident pages handed back
+  // to the OS (release_resident_pages), so the model holds one copy, not two. Anything that
+  // changes a value (load, mutable_tensor, all, find) drops its panels until packed again.
+  void pack_projections(const Device& device);
+  // Floats pack_projections would allocate now.
+  int64_t unpacked_panel_floats(const Device& device) const;
   const std::vector<Parameter>& all() const { return params_; }
   std::vector<Parameter>& all();
   int64_t count() const;  // total number of elements

@@ -193,9 +193,9 @@ class SwinAttentionLayer : public OpLayer {
       : o_(o), where_(std::move(where)) {
     // torchvision's state_dict order: the module's own table, then qkv, then proj.
     params_.add(kTable, {table_rows(o_), o_.heads});
-    params_.add("qkv.weight", {3 * o_.dim, o_.dim});
+    params_.add_projection("qkv.weight", 3 * o_.dim, o_.dim);
     if (o_.qkv_bias) params_.add("qkv.bias", {3 * o_.dim});
-    params_.add("proj.weight", {o_.dim, o_.dim});
+    params_.add_projection("proj.weight", o_.dim, o_.dim);
     if (o_.proj_bias) params_.add("proj.bias", {o_.dim});
     if (!seed) return;
     // ShiftedWindowAttention: trunc_normal_(table, std=0.02); nn.Linear's reset for qkv, proj.
@@ -225,7 +225,7 @@ class SwinAttentionLayer : public OpLayer {
 
     // 2. q | k | v = tokens qkv.weight^T + qkv.bias: one [tokens, C] x [C, 3C] GEMM.
     linear_forward_f32(device, g.tokens, C, C3, s.tokens, C,
-                       params_.tensor("qkv.weight").data<float>(),
+                       params_.projection("qkv.weight"),
                        o_.qkv_bias ? params_.tensor("qkv.bias").data<float>() : nullptr, s.qkv,
                        C3, s.linear);
 
@@ -257,7 +257,7 @@ class SwinAttentionLayer : public OpLayer {
     attention_forward_f32(device, a, s.core);
 
     // 5. proj into the (no longer needed) gathered buffer, then back into place.
-    linear_forward_f32(device, g.tokens, C, C, s.ctx, C, params_.tensor("proj.weight").data<float>(),
+    linear_forward_f32(device, g.tokens, C, C, s.ctx, C, params_.projection("proj.weight"),
                        o_.proj_bias ? params_.tensor("proj.bias").data<float>() : nullptr,
                        s.tokens, C, s.linear);
     scatter_windows(o_, g, s.tokens, out[0]->data<float>());

@@ -100,7 +100,7 @@ uint32_t bits_of(float f) { return std::bit_cast<uint32_t>(f); }
 template <class T>
 class Guarded {
  public:
-  explicit Guarded(size_t n) {
+  explicit Guarded(size_t n) : n_(n) {
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     const size_t bytes = std::max<size_t>(n, 1) * sizeof(T);
     total_ = (bytes + page - 1) / page * page + page;
@@ -114,8 +114,10 @@ class Guarded {
   Guarded(const Guarded&) = delete;
   Guarded& operator=(const Guarded&) = delete;
   T* data() { return data_; }
+  size_t size() const { return n_; }
 
  private:
+  size_t n_;
   char* base_ = nullptr;
   size_t total_ = 0;
   T* data_ = nullptr;
@@ -1213,6 +1215,100 @@ BOOST_AUTO_TEST_CASE(linear_matvec_matches_float64_and_any_split) {
             BOOST_TEST(differ == 0, "m" << m << " n" << n << " k" << kk << ": split changed "
                                         << differ << " elements");
           }
+  });
+}
+
+// The prepacked-weight kernels (a model's projections): pack_weights, then `panels` (rows
+// around every target's tile of 1-8 rows, features around the 16-feature panel and the 48-
+// feature task step, depths around the 128/256 depth blocks) and `panels_matvec` (1-4 rows),
+// against a float64 product on every target, strided x and y, with and without bias; x, w and
+// the panels end at an inaccessible page, y's padding stays untouched. The same product in
+// pieces (rows in ranges of 5, columns in task steps) and the x-panel kernel (`packed`) must give
+// the same bits: the layer splits work over threads that way, a model's projections must not
+// depend on whether its weights were packed, and a decode step's rows must equal a prompt's.
+BOOST_AUTO_TEST_CASE(linear_panels_match_float64_any_split_and_the_packed_kernel) {
+  const LinearKernels& k = *table().linear(DType::F32);
+  BOOST_TEST_REQUIRE(k.pack_weights != nullptr);
+  BOOST_TEST_REQUIRE(k.weight_panel == 16);
+  BOOST_TEST_REQUIRE(k.panel_task_cols % k.weight_panel == 0);
+  struct Shape {
+    int64_t m, n, kk;
+  };
+  const Shape shapes[] = {{1, 1, 1},    {4, 17, 7},    {6, 16, 256}, {7, 48, 257},
+                          {13, 49, 130}, {50, 100, 300}, {9, 15, 129}, {3, 97, 33}};
+  constexpr float kSentinel = -12345.0f;
+  for_each_target("linear_panels_f32", [&] {
+    Generator gen(83);
+    for (const Shape& s : shapes) {
+      for (const bool with_bias : {false, true}) {
+        const int64_t ldx = s.kk + 3, ldy = s.n + 2;
+        const int64_t npanels = (s.n + k.weight_panel - 1) / k.weight_panel;
+        GuardedFloats x(static_cast<size_t>((s.m - 1) * ldx + s.kk));
+        GuardedFloats w(static_cast<size_t>(s.n * s.kk)), bias(static_cast<size_t>(s.n));
+        GuardedFloats panels(static_cast<size_t>(npanels * k.weight_panel * s.kk));
+        const std::vector<float> xv = normal_vector(gen, x.size(), 0, 1);
+        const std::vector<float> wv = normal_vector(gen, w.size(), 0, 1);
+        const std::vector<float> bv = normal_vector(gen, bias.size(), 0, 1);
+        std::copy(xv.begin(), xv.end(), x.data());
+        std::copy(wv.begin(), wv.end(), w.data());
+        std::copy(bv.begin(), bv.end(), bias.data());
+        // Packed in two calls (the layer splits packing over threads too).
+        k.pack_weights(s.n, s.kk, w.data(), s.kk, 0, npanels / 2, panels.data());
+        k.pack_weights(s.n, s.kk, w.data(), s.kk, npanels / 2, npanels, panels.data());
+        const float* b = with_bias ? bias.data() : nullptr;
+        std::vector<float> y(static_cast<size_t>(s.m * ldy), kSentinel), y2 = y, y3 = y;
+        k.panels(s.kk, x.data(), ldx, 0, s.m, panels.data(), s.n, 0, s.n, b, y.data(), ldy);
+        int bad = 0;
+        for (int64_t i = 0; i < s.m; ++i)
+          for (int64_t j = 0; j < ldy; ++j) {
+            const float got = y[static_cast<size_t>(i * ldy + j)];
+            if (j >= s.n) {
+              bad += bits_of(got) != bits_of(kSentinel);
+              continue;
+            }
+            double ref = with_bias ? bias.data()[j] : 0.0, mag = std::abs(ref);
+            for (int64_t q = 0; q < s.kk; ++q) {
+              const double t = static_cast<double>(x.data()[i * ldx + q]) * w.data()[j * s.kk + q];
+              ref += t;
+              mag += std::abs(t);
+            }
+            const double tol = 2.0 * static_cast<double>(s.kk + 1) * 0x1p-24 * mag + 1e-30;
+            if (!(std::abs(got - ref) <= tol) && bad++ < 3)
+              BOOST_ERROR("panels m" << s.m << " n" << s.n << " k" << s.kk << " bias "
+                                     << with_bias << " at (" << i << "," << j << "): " << got
+                                     << " want " << ref);
+          }
+        BOOST_TEST(bad == 0);
+        int split = 0, kernels = 0, steps = 0;
+        for (int64_t r0 = 0; r0 < s.m; r0 += 5)
+          for (int64_t c0 = 0; c0 < s.n; c0 += k.panel_task_cols)
+            k.panels(s.kk, x.data(), ldx, r0, std::min(s.m, r0 + 5), panels.data(), s.n, c0,
+                     c0 + k.panel_task_cols, b, y2.data(), ldy);
+        for (size_t i = 0; i < y.size(); ++i) split += bits_of(y[i]) != bits_of(y2[i]);
+        BOOST_TEST(split == 0, "m" << s.m << " n" << s.n << " k" << s.kk << ": split changed "
+                                   << split << " elements");
+        // The x-panel kernel on the same product.
+        const int64_t xpanels = (s.m + k.panel_rows - 1) / k.panel_rows;
+        std::vector<float> packed_store(static_cast<size_t>(xpanels * k.panel_rows * s.kk + 16));
+        float* packed = packed_store.data() +
+                        (16 - reinterpret_cast<uintptr_t>(packed_store.data()) / 4 % 16) % 16;
+        k.pack(s.m, s.kk, x.data(), ldx, 0, xpanels, packed);
+        k.packed(s.m, s.kk, packed, 0, xpanels, w.data(), s.kk, 0, s.n, b, y3.data(), ldy);
+        for (size_t i = 0; i < y.size(); ++i) kernels += bits_of(y[i]) != bits_of(y3[i]);
+        BOOST_TEST(kernels == 0, "m" << s.m << " n" << s.n << " k" << s.kk << ": the x-panel "
+                                     << "kernel differs in " << kernels << " elements");
+        // A few rows at a time, as decode steps: the same bits as the GEMM's rows.
+        std::vector<float> y4(y.size(), kSentinel);
+        for (int64_t r0 = 0; r0 < s.m; r0 += k.matvec_max_rows)
+          for (int64_t c0 = 0; c0 < s.n; c0 += 4 * k.weight_panel)
+            k.panels_matvec(std::min(k.matvec_max_rows, s.m - r0), s.kk, x.data() + r0 * ldx,
+                            ldx, panels.data(), s.n, c0, c0 + 4 * k.weight_panel, b,
+                            y4.data() + r0 * ldy, ldy);
+        for (size_t i = 0; i < y.size(); ++i) steps += bits_of(y[i]) != bits_of(y4[i]);
+        BOOST_TEST(steps == 0, "m" << s.m << " n" << s.n << " k" << s.kk << ": panels_matvec "
+                                   << "differs in " << steps << " elements");
+      }
+    }
   });
 }
 

@@ -12,6 +12,7 @@
 #include "core/random.h"
 #include "io/network_file.h"
 #include "io/safetensors.h"
+#include "backends/cpu/cpu_device.h"
 #include "layers/attention.h"
 #include "layers/linear.h"
 #include "layers/network.h"
@@ -539,6 +540,7 @@ BOOST_AUTO_TEST_CASE(linear_and_attention_nodes_run_their_layers) {
   Linear lin(8, 16, true);
   lin.parameters().load({{"weight", state.at("p.weight")}, {"bias", state.at("p.bias")}}, true,
                         "t");
+  lin.parameters().pack_projections(cpu_device());  // as the model's layer is
   AttentionOptions o;
   o.heads = 4;
   o.rope = true;

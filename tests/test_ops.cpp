@@ -1910,7 +1910,11 @@ OpRun run_op(const Prepared& p) {
   SymbolBindings bound;
   const InferResult inferred = op->infer(in, bound);
   const std::unique_ptr<OpLayer> layer = op->instantiate(in, kSeed);
-  if (layer->parameters()) layer->load(p.params);
+  if (layer->parameters()) {
+    layer->load(p.params);
+    // As a Model holds them (Model::load_weights): projection weights packed once.
+    layer->parameters()->pack_projections(cpu_device());
+  }
 
   const double reported = op->cost(in).workspace_bytes;
   const auto bytes = static_cast<size_t>(reported);

@@ -29,6 +29,27 @@ void linear_packed_f32(int64_t m, int64_t k, const float* packed, int64_t p0, in
                        const void* w, int64_t ldw, int64_t n0, int64_t n1, const float* bias,
                        float* y, int64_t ldy);
 bool linear_packed_preferred_f32(int64_t m, int64_t k, int64_t n);
+// A layer's own weights packed once into panels of kLinearWeightPanel output features (panel q:
+// [k][16], feature 16 q + j at column j, zeros past n): linear_weight_panel_floats(n, k) floats,
+// the same layout on every target. Packs panels q0 .. q1 - 1 of w [n, k] (row stride ldw).
+inline constexpr int64_t kLinearWeightPanel = 16;
+// Columns of a task of linear_panels_f32 are split at multiples of this (a whole number of
+// tiles on every target: 16 on AVX2, 48 on AVX-512).
+inline constexpr int64_t kLinearPanelTaskCols = 48;
+inline constexpr int64_t linear_weight_panel_floats(int64_t n, int64_t k) {
+  return (n + kLinearWeightPanel - 1) / kLinearWeightPanel * kLinearWeightPanel * k;
+}
+void linear_pack_weights_f32(int64_t n, int64_t k, const float* w, int64_t ldw, int64_t q0,
+                             int64_t q1, float* panels);
+// y[r, c] = x[r, :] . w[c, :] + bias[c] for rows r0 .. r1 - 1 and columns c0 .. c1 - 1 (c0 a
+// multiple of kLinearPanelTaskCols, c1 clamped to n) from the panels; bias may be null.
+void linear_panels_f32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t r1,
+                       const float* panels, int64_t n, int64_t c0, int64_t c1, const float* bias,
+                       float* y, int64_t ldy);
+// The same for m <= kLinearMatvecRows rows (c0 a multiple of 16), each panel streamed once.
+void linear_panels_matvec_f32(int64_t m, int64_t k, const float* x, int64_t ldx,
+                              const float* panels, int64_t n, int64_t c0, int64_t c1,
+                              const float* bias, float* y, int64_t ldy);
 // Few rows (m <= kLinearMatvecRows): one dot product per output, the weights streamed once.
 inline constexpr int64_t kLinearMatvecRows = 4;
 void linear_matvec_f32(int64_t m, int64_t k, const float* x, int64_t ldx, const void* w,
