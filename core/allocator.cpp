@@ -205,14 +205,11 @@ Allocator& host_allocator() {
 
 uint64_t host_allocation_count() { return g_allocation_calls.load(std::memory_order_relaxed); }
 
-void release_resident_pages(const void* p, size_t bytes) noexcept {
-#ifndef MADV_PAGEOUT
-  constexpr int MADV_PAGEOUT = 21;  // Linux 5.4; older headers lack the name
-#endif
+void release_file_pages(const void* p, size_t bytes) noexcept {
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
   const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_PAGEOUT);  // a hint
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 }  // namespace tessera

@@ -111,12 +111,14 @@ Storage::Storage(Allocator& allocator, size_t bytes, bool zeroed)
       bytes_(bytes),
       allocator_(&allocator) {}
 
-Storage::Storage(void* data, size_t bytes, std::shared_ptr<const void> owner, bool read_only)
+Storage::Storage(void* data, size_t bytes, std::shared_ptr<const void> owner, bool read_only,
+                 bool file_mapped)
     : data_(data),
       bytes_(bytes),
       allocator_(nullptr),
       owner_(std::move(owner)),
-      read_only_(read_only) {
+      read_only_(read_only),
+      file_mapped_(read_only && file_mapped) {
   if (!owner_) owner_ = std::make_shared<int>(0);  // borrowed even without an owner handle
 }
 
@@ -185,12 +187,12 @@ Tensor Tensor::from_data(const void* data, const Shape& shape, DType dtype,
 }
 
 Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype,
-                    std::shared_ptr<const void> owner, bool read_only) {
+                    std::shared_ptr<const void> owner, bool read_only, bool file_mapped) {
   const int64_t n = shape_numel(shape);
   if (reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) != 0)
     fail(ErrorCode::Internal, "Tensor::wrap", "data not aligned for " + std::string(dtype_name(dtype)));
   auto storage = std::make_shared<Storage>(data, static_cast<size_t>(n) * dtype_size(dtype),
-                                           std::move(owner), read_only);
+                                           std::move(owner), read_only, file_mapped);
   return Tensor(std::move(storage), dtype, shape, contiguous_strides(shape), 0);
 }
 

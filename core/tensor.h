@@ -30,8 +30,11 @@ class Storage {
   // or zero-filled with `zeroed`.
   Storage(Allocator& allocator, size_t bytes, bool zeroed = false);
   // Borrowed. `read_only`: nobody may write the bytes (a read-only mapping of a checkpoint), so
-  // holders may share them instead of copying.
-  Storage(void* data, size_t bytes, std::shared_ptr<const void> owner, bool read_only = false);
+  // holders may share them instead of copying. `file_mapped`: the bytes are a private read-only
+  // mapping of a file, so their resident pages may be dropped (release_file_pages) and come
+  // back from the page cache when touched.
+  Storage(void* data, size_t bytes, std::shared_ptr<const void> owner, bool read_only = false,
+          bool file_mapped = false);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -42,6 +45,7 @@ class Storage {
   Allocator* allocator() const { return allocator_; }
   bool owned() const { return owner_ == nullptr; }
   bool read_only() const { return read_only_; }
+  bool file_mapped() const { return file_mapped_; }
 
  private:
   void* data_;
@@ -49,6 +53,7 @@ class Storage {
   Allocator* allocator_;
   std::shared_ptr<const void> owner_;
   bool read_only_ = false;
+  bool file_mapped_ = false;
 };
 
 class Tensor {
@@ -69,9 +74,11 @@ class Tensor {
   static Tensor from_vector(const std::vector<T>& v, const Shape& shape,
                             Allocator& allocator = host_allocator());
   // No copy: views `data` (aligned for dtype) and keeps `owner` alive as long as any view lives.
-  // `read_only` marks data nobody may write (see read_only()).
+  // `read_only` marks data nobody may write (see read_only()), `file_mapped` a read-only file
+  // mapping (see Storage).
   static Tensor wrap(void* data, const Shape& shape, DType dtype,
-                     std::shared_ptr<const void> owner, bool read_only = false);
+                     std::shared_ptr<const void> owner, bool read_only = false,
+                     bool file_mapped = false);
   static Tensor randn(const Shape& shape, Generator& gen, double mean = 0.0, double std = 1.0,
                       DType dtype = DType::F32, Allocator& allocator = host_allocator());
   static Tensor rand(const Shape& shape, Generator& gen, double low = 0.0, double high = 1.0,
@@ -93,6 +100,7 @@ class Tensor {
   // True for a view of read-only memory (a checkpoint's mapping): writing it faults, and it
   // never changes, so it can be shared where a copy would otherwise be taken.
   bool read_only() const { return storage_ && storage_->read_only(); }
+  bool file_mapped() const { return storage_ && storage_->file_mapped(); }
   std::string shape_str() const { return shape_to_string(shape_); }
 
   // Pointer to the first element (storage base + offset).

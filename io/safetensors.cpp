@@ -830,7 +830,7 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
   if (e.nbytes() == 0) return Tensor::wrap(base, shape, dtype, owner, true);
   uint8_t* data = base + e.file_offset;
   if (reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) == 0)
-    return Tensor::wrap(data, shape, dtype, owner, true);
+    return Tensor::wrap(data, shape, dtype, owner, true, bytes_->map != nullptr);
   return Tensor::from_data(data, shape, dtype);  // unaligned: copy
 }
 

@@ -84,8 +84,8 @@ void ParameterSet::pack_projections(const Device& device) {
     p.panels = std::move(packed);
     // Only the panels are read from now on: the checkpoint's pages of the rows can go (they
     // come back from the file if something else reads them).
-    if (p.value.read_only())
-      release_resident_pages(w, static_cast<size_t>(n * k) * sizeof(float));
+    if (p.value.file_mapped())
+      release_file_pages(w, static_cast<size_t>(n * k) * sizeof(float));
   }
 }
 

@@ -56,8 +56,8 @@ class ParameterSet {
   ProjectionWeight projection(std::string_view name) const;
   // Packs every projection weight not packed yet into the layout of `device`'s projection
   // kernel (LinearKernels::pack_weights), so that forwards read the panels and never the rows;
-  // a weight that is a read-only view of a checkpoint then has its resident pages handed back
-  // to the OS (release_resident_pages), so the model holds one copy, not two. Anything that
+  // a weight that is a view of a checkpoint's file mapping then has its resident pages dropped
+  // (release_file_pages), so the process holds one copy, not two. Anything that
   // changes a value (load, mutable_tensor, all, find) drops its panels until packed again.
   void pack_projections(const Device& device);
   // Floats pack_projections would allocate now.

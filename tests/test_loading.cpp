@@ -4,6 +4,8 @@
 // fresh from the OS or reused from its cache. Results must be bitwise those of the copying path.
 #include <boost/test/unit_test.hpp>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 
@@ -39,6 +41,11 @@ bool views_file(const Tensor& t, const SafetensorsFile& file, const std::string&
   return t.read_only() && t.raw_data() == stored.raw_data();
 }
 
+std::vector<uint8_t> read_file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(loading)
@@ -61,6 +68,50 @@ BOOST_AUTO_TEST_CASE(strict_load_uses_float32_weights_in_place) {
     in_place += packed ? 0 : 1;
   }
   BOOST_TEST(in_place == 34 - 12);  // 2 blocks x q/k/v x weight/bias are packed
+}
+
+// After a load, every projection weight is packed (the forwards read the panels) and the
+// checkpoint's pages of it dropped; the parameter still reads the file's values (its pages come
+// back from the page cache), the panels hold the same numbers, and the model's memory counts
+// them.
+BOOST_AUTO_TEST_CASE(loaded_projection_weights_are_packed_and_still_read_the_file) {
+  const LoadedModel loaded = load_model(kEncoder + "encoder.safetensors", std::nullopt, true);
+  const SafetensorsFile file = SafetensorsFile::open(kEncoder + "encoder.safetensors");
+  const Network& net = loaded.model.network();
+  int packed = 0;
+  double panel_bytes = 0.0;
+  for (size_t i = 0; i < net.nodes().size(); ++i) {
+    const ParameterSet* ps = loaded.model.layer(i).parameters();
+    if (!ps) continue;
+    for (const Parameter& p : ps->all()) {
+      if (!p.projection) continue;
+      const std::string key = net.nodes()[i].name + "." + p.name;
+      BOOST_TEST_REQUIRE(p.panels.defined(), key);
+      BOOST_TEST(p.value.file_mapped(), key);
+      BOOST_TEST(same_bits(p.value, file.tensor(key)), key);
+      // Panel q, step kk, column j holds w[16 q + j][kk]; padding columns are zero.
+      const int64_t n = p.value.size(0), k = p.value.size(1);
+      const float* w = p.value.data<float>();
+      const float* panels = p.panels.data<float>();
+      int wrong = 0;
+      for (int64_t f = 0; f < (n + 15) / 16 * 16; ++f)
+        for (int64_t kk = 0; kk < k; ++kk) {
+          const float want = f < n ? w[f * k + kk] : 0.0f;
+          wrong += panels[(f / 16) * k * 16 + kk * 16 + f % 16] != want;
+        }
+      BOOST_TEST(wrong == 0, key);
+      panel_bytes += static_cast<double>(p.panels.nbytes());
+      ++packed;
+    }
+  }
+  BOOST_TEST(packed == 4);  // two blocks x two feed-forward linears
+  double params = 0.0;
+  for (const auto& [name, t] : loaded.model.state_dict()) params += static_cast<double>(t.nbytes());
+  BOOST_TEST(loaded.model.memory_bytes() >= params + panel_bytes);
+  // A tensor of an in-memory checkpoint is read-only but no file mapping: never dropped.
+  BOOST_TEST(!SafetensorsFile::from_bytes(read_file_bytes(kEncoder + "encoder.safetensors"), "mem")
+                  .tensor(file.names().front())
+                  .file_mapped());
 }
 
 BOOST_AUTO_TEST_CASE(in_place_and_copied_weights_give_the_same_bits) {

@@ -287,13 +287,23 @@ void PanelTile(const float* x, int64_t ldx, const float* wp, int64_t panel_strid
 void LinearPackWeightsF32(int64_t n, int64_t k, const float* w, int64_t ldw, int64_t q0,
                           int64_t q1, float* wp) {
   const int64_t panel = static_cast<int64_t>(kWeightPanel);
+  // Step by step, all 16 rows at a time: the panel is written front to back, one whole line per
+  // step, from 16 sequential read streams (writing row by row instead strides 64 bytes per
+  // store across k lines, which for k = 768 no longer fit L1: vit_b_16's load took ~3x longer).
   for (int64_t q = q0; q < q1; ++q) {
     float* HWY_RESTRICT dst = wp + q * k * panel;
+    const float* src[kWeightPanel];
+    int64_t inc[kWeightPanel];
     for (int64_t j = 0; j < panel; ++j) {
       const int64_t row = q * panel + j;
-      const float* HWY_RESTRICT src = row < n ? w + row * ldw : nullptr;
-      for (int64_t kk = 0; kk < k; ++kk) dst[kk * panel + j] = src ? src[kk] : 0.0f;
+      src[j] = row < n ? w + row * ldw : nullptr;
+      inc[j] = row < n ? 1 : 0;
     }
+    static const float kZero = 0.0f;
+    for (int64_t j = 0; j < panel; ++j)
+      if (!src[j]) src[j] = &kZero;
+    for (int64_t kk = 0; kk < k; ++kk)
+      for (int64_t j = 0; j < panel; ++j) dst[kk * panel + j] = src[j][kk * inc[j]];
   }
 }
 
