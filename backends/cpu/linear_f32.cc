@@ -1,4 +1,7 @@
 // linear_f32: y = x w^T + bias, the projections' GEMM (x [m, k], w [n, k], both rows along k).
+// Two kernels: a model's own weights, packed once at load into 16-feature panels ("prepacked
+// weights" below, what the models run), and weights read in place (the C++ layers, tied
+// weights), described first.
 //
 // Computed transposed, as y^T = w x^T: the micro-kernel broadcasts weights and keeps rows of x
 // in vector lanes. So the operand that is packed (transposed into panels) is x, not w:
