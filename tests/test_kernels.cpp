@@ -95,6 +95,41 @@ std::vector<float> normal_vector(Generator& gen, size_t n, double mean, double s
 
 uint32_t bits_of(float f) { return std::bit_cast<uint32_t>(f); }
 
+// Elements of y (m rows of ldy floats) that differ from the float64 product x w^T + bias (w [n, k]
+// rows; bias may be null) by more than 2 (k + 1) float32 roundings of the terms' magnitudes, or,
+// past column n, are no longer `sentinel`. The first three misses are reported under `what`.
+int linear_mismatches(const std::string& what, int64_t m, int64_t n, int64_t k, const float* x,
+                      int64_t ldx, const float* w, const float* bias, const std::vector<float>& y,
+                      int64_t ldy, float sentinel) {
+  int bad = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < ldy; ++j) {
+      const float got = y[static_cast<size_t>(i * ldy + j)];
+      if (j >= n) {
+        bad += bits_of(got) != bits_of(sentinel);
+        continue;
+      }
+      double ref = bias ? bias[j] : 0.0, mag = std::abs(ref);
+      for (int64_t q = 0; q < k; ++q) {
+        const double t = static_cast<double>(x[i * ldx + q]) * w[j * k + q];
+        ref += t;
+        mag += std::abs(t);
+      }
+      const double tol = 2.0 * static_cast<double>(k + 1) * 0x1p-24 * mag + 1e-30;
+      if (!(std::abs(got - ref) <= tol) && bad++ < 3)
+        BOOST_ERROR(what << " m" << m << " n" << n << " k" << k << " bias " << (bias != nullptr)
+                         << " at (" << i << "," << j << "): " << got << " want " << ref);
+    }
+  return bad;
+}
+
+// Elements whose bits differ between a and b.
+int bit_differences(const std::vector<float>& a, const std::vector<float>& b) {
+  int differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) differ += bits_of(a[i]) != bits_of(b[i]);
+  return differ;
+}
+
 // A buffer of n T whose last element ends exactly where a PROT_NONE page begins: any access
 // past the end faults, and Boost.Test reports the signal as a failure of the test case.
 template <class T>
@@ -1115,28 +1150,8 @@ BOOST_AUTO_TEST_CASE(linear_packed_matches_float64_and_any_split) {
         const float* b = with_bias ? bias.data() : nullptr;
         k.pack(s.m, s.kk, x.data(), ldx, 0, panels, packed);
         k.packed(s.m, s.kk, packed, 0, panels, w.data(), s.kk, 0, s.n, b, y.data(), ldy);
-        int bad = 0;
-        for (int64_t i = 0; i < s.m; ++i) {
-          for (int64_t j = 0; j < ldy; ++j) {
-            const float got = y[static_cast<size_t>(i * ldy + j)];
-            if (j >= s.n) {
-              bad += bits_of(got) != bits_of(kSentinel);
-              continue;
-            }
-            double ref = with_bias ? bias.data()[j] : 0.0, mag = std::abs(ref);
-            for (int64_t q = 0; q < s.kk; ++q) {
-              const double t = static_cast<double>(x.data()[i * ldx + q]) * w.data()[j * s.kk + q];
-              ref += t;
-              mag += std::abs(t);
-            }
-            const double tol = 2.0 * static_cast<double>(s.kk + 1) * 0x1p-24 * mag + 1e-30;
-            if (!(std::abs(got - ref) <= tol) && bad++ < 3)
-              BOOST_ERROR("linear m" << s.m << " n" << s.n << " k" << s.kk << " bias " << with_bias
-                                     << " at (" << i << "," << j << "): " << got << " want "
-                                     << ref);
-          }
-        }
-        BOOST_TEST(bad == 0);
+        BOOST_TEST(linear_mismatches("linear", s.m, s.n, s.kk, x.data(), ldx, w.data(), b, y,
+                                     ldy, kSentinel) == 0);
 
         // Pieces: one pack call and one compute call per panel, features in ranges of 7.
         std::vector<float> packed2_store(packed_store.size());
@@ -1149,8 +1164,7 @@ BOOST_AUTO_TEST_CASE(linear_packed_matches_float64_and_any_split) {
             k.packed(s.m, s.kk, packed2, p, p + 1, w.data(), s.kk, n0, std::min(s.n, n0 + 7), b,
                      y2.data(), ldy);
         }
-        int differ = 0;
-        for (size_t i = 0; i < y.size(); ++i) differ += bits_of(y[i]) != bits_of(y2[i]);
+        const int differ = bit_differences(y, y2);
         BOOST_TEST(differ == 0, "m" << s.m << " n" << s.n << " k" << s.kk << ": split changed "
                                     << differ << " elements");
       }
@@ -1190,28 +1204,9 @@ BOOST_AUTO_TEST_CASE(linear_matvec_matches_float64_and_any_split) {
             for (int64_t n0 = 0; n0 < n; n0 += 5)
               k.matvec(m, kk, x.data(), ldx, w.data(), kk, n0, std::min(n, n0 + 5), b, y2.data(),
                        ldy);
-            int bad = 0, differ = 0;
-            for (int64_t i = 0; i < m; ++i)
-              for (int64_t j = 0; j < ldy; ++j) {
-                const float got = y[static_cast<size_t>(i * ldy + j)];
-                differ += bits_of(got) != bits_of(y2[static_cast<size_t>(i * ldy + j)]);
-                if (j >= n) {
-                  bad += bits_of(got) != bits_of(kSentinel);
-                  continue;
-                }
-                double ref = with_bias ? bias.data()[j] : 0.0, mag = std::abs(ref);
-                for (int64_t q = 0; q < kk; ++q) {
-                  const double t = static_cast<double>(x.data()[i * ldx + q]) * w.data()[j * kk + q];
-                  ref += t;
-                  mag += std::abs(t);
-                }
-                const double tol = 2.0 * static_cast<double>(kk + 1) * 0x1p-24 * mag + 1e-30;
-                if (!(std::abs(got - ref) <= tol) && bad++ < 3)
-                  BOOST_ERROR("matvec m" << m << " n" << n << " k" << kk << " bias " << with_bias
-                                         << " at (" << i << "," << j << "): " << got << " want "
-                                         << ref);
-              }
-            BOOST_TEST(bad == 0);
+            BOOST_TEST(linear_mismatches("matvec", m, n, kk, x.data(), ldx, w.data(), b, y, ldy,
+                                         kSentinel) == 0);
+            const int differ = bit_differences(y, y2);
             BOOST_TEST(differ == 0, "m" << m << " n" << n << " k" << kk << ": split changed "
                                         << differ << " elements");
           }
@@ -1258,33 +1253,13 @@ BOOST_AUTO_TEST_CASE(linear_panels_match_float64_any_split_and_the_packed_kernel
         const float* b = with_bias ? bias.data() : nullptr;
         std::vector<float> y(static_cast<size_t>(s.m * ldy), kSentinel), y2 = y, y3 = y;
         k.panels(s.kk, x.data(), ldx, 0, s.m, panels.data(), s.n, 0, s.n, b, y.data(), ldy);
-        int bad = 0;
-        for (int64_t i = 0; i < s.m; ++i)
-          for (int64_t j = 0; j < ldy; ++j) {
-            const float got = y[static_cast<size_t>(i * ldy + j)];
-            if (j >= s.n) {
-              bad += bits_of(got) != bits_of(kSentinel);
-              continue;
-            }
-            double ref = with_bias ? bias.data()[j] : 0.0, mag = std::abs(ref);
-            for (int64_t q = 0; q < s.kk; ++q) {
-              const double t = static_cast<double>(x.data()[i * ldx + q]) * w.data()[j * s.kk + q];
-              ref += t;
-              mag += std::abs(t);
-            }
-            const double tol = 2.0 * static_cast<double>(s.kk + 1) * 0x1p-24 * mag + 1e-30;
-            if (!(std::abs(got - ref) <= tol) && bad++ < 3)
-              BOOST_ERROR("panels m" << s.m << " n" << s.n << " k" << s.kk << " bias "
-                                     << with_bias << " at (" << i << "," << j << "): " << got
-                                     << " want " << ref);
-          }
-        BOOST_TEST(bad == 0);
-        int split = 0, kernels = 0, steps = 0;
+        BOOST_TEST(linear_mismatches("panels", s.m, s.n, s.kk, x.data(), ldx, w.data(), b, y,
+                                     ldy, kSentinel) == 0);
         for (int64_t r0 = 0; r0 < s.m; r0 += 5)
           for (int64_t c0 = 0; c0 < s.n; c0 += k.panel_task_cols)
             k.panels(s.kk, x.data(), ldx, r0, std::min(s.m, r0 + 5), panels.data(), s.n, c0,
                      c0 + k.panel_task_cols, b, y2.data(), ldy);
-        for (size_t i = 0; i < y.size(); ++i) split += bits_of(y[i]) != bits_of(y2[i]);
+        const int split = bit_differences(y, y2);
         BOOST_TEST(split == 0, "m" << s.m << " n" << s.n << " k" << s.kk << ": split changed "
                                    << split << " elements");
         // The x-panel kernel on the same product.
@@ -1294,7 +1269,7 @@ BOOST_AUTO_TEST_CASE(linear_panels_match_float64_any_split_and_the_packed_kernel
                         (16 - reinterpret_cast<uintptr_t>(packed_store.data()) / 4 % 16) % 16;
         k.pack(s.m, s.kk, x.data(), ldx, 0, xpanels, packed);
         k.packed(s.m, s.kk, packed, 0, xpanels, w.data(), s.kk, 0, s.n, b, y3.data(), ldy);
-        for (size_t i = 0; i < y.size(); ++i) kernels += bits_of(y[i]) != bits_of(y3[i]);
+        const int kernels = bit_differences(y, y3);
         BOOST_TEST(kernels == 0, "m" << s.m << " n" << s.n << " k" << s.kk << ": the x-panel "
                                      << "kernel differs in " << kernels << " elements");
         // A few rows at a time, as decode steps: the same bits as the GEMM's rows.
@@ -1304,7 +1279,7 @@ BOOST_AUTO_TEST_CASE(linear_panels_match_float64_any_split_and_the_packed_kernel
             k.panels_matvec(std::min(k.matvec_max_rows, s.m - r0), s.kk, x.data() + r0 * ldx,
                             ldx, panels.data(), s.n, c0, c0 + 4 * k.weight_panel, b,
                             y4.data() + r0 * ldy, ldy);
-        for (size_t i = 0; i < y.size(); ++i) steps += bits_of(y[i]) != bits_of(y4[i]);
+        const int steps = bit_differences(y, y4);
         BOOST_TEST(steps == 0, "m" << s.m << " n" << s.n << " k" << s.kk << ": panels_matvec "
                                    << "differs in " << steps << " elements");
       }
