@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
     // The weight packed as a model's layers hold it (ParameterSet::pack_projections).
     const LinearKernels& lk = *k.linear(DType::F32);
     const int64_t n_panels = (s.n + lk.weight_panel - 1) / lk.weight_panel;
-    std::vector<float> panel_store(static_cast<size_t>(n_panels * lk.weight_panel * s.k + 16));
+    std::vector<float> panel_store(static_cast<size_t>(lk.weight_panel_floats(s.n, s.k) + 16));
     float* panels = panel_store.data() +
                     (16 - reinterpret_cast<uintptr_t>(panel_store.data()) / 4 % 16) % 16;
     lk.pack_weights(s.n, s.k, w.data(), s.k, 0, n_panels, panels);

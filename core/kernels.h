@@ -53,6 +53,9 @@ struct LinearKernels {
   // multiple of weight_panel). Every y element is one FMA chain in k order, bias last, however
   // the rows and columns are split; the packed kernel above computes the same bits.
   int64_t weight_panel = 0, panel_task_cols = 0;
+  int64_t weight_panel_floats(int64_t n, int64_t k) const {
+    return (n + weight_panel - 1) / weight_panel * weight_panel * k;
+  }
   void (*pack_weights)(int64_t n, int64_t k, const float* w, int64_t ldw, int64_t q0, int64_t q1,
                        float* panels) = nullptr;
   void (*panels)(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t r1,

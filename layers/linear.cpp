@@ -89,15 +89,23 @@ void linear_packed_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in
 // blocks streaming at least ~256 KB of weights each (~20 us at 11-17 GB/s, well above a worker
 // hand-off). The gpt recipe's 124M weights, one token, 1 / 2 threads: see
 // benchmarks/results (bench_generate).
-void linear_matvec_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in_features,
-                               int64_t out_features, const float* x, int64_t x_stride,
-                               const float* w, const float* bias, float* y, int64_t y_stride) {
+// (The split is the same for weights read in place and for packed panels: fn(n0, n1) computes
+// features n0 .. n1 - 1, n0 a multiple of 64.)
+template <class Fn>
+void for_matvec_blocks(int64_t in_features, int64_t out_features, Fn&& fn) {
   constexpr int64_t kBlock = 64;
   const int64_t blocks = (out_features + kBlock - 1) / kBlock;
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(kBlock * in_features, 1));
   parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-    lk.matvec(rows, in_features, x, x_stride, w, in_features, b0 * kBlock,
-              std::min(out_features, b1 * kBlock), bias, y, y_stride);
+    fn(b0 * kBlock, std::min(out_features, b1 * kBlock));
+  });
+}
+
+void linear_matvec_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in_features,
+                               int64_t out_features, const float* x, int64_t x_stride,
+                               const float* w, const float* bias, float* y, int64_t y_stride) {
+  for_matvec_blocks(in_features, out_features, [&](int64_t n0, int64_t n1) {
+    lk.matvec(rows, in_features, x, x_stride, w, in_features, n0, n1, bias, y, y_stride);
   });
 }
 
@@ -107,8 +115,8 @@ bool small_product(int64_t rows, int64_t in_features, int64_t out_features) {
   return 2.0 * static_cast<double>(rows) * in_features * out_features < 2e6;
 }
 
-// From the layer's packed weight: a few rows stream every panel once (features in fixed blocks
-// of 64, tasks of >= ~256 KB of weights, as the matvec above); more rows run the panel GEMM in
+// From the layer's packed weight: a few rows stream every panel once (split as the matvec
+// above); more rows run the panel GEMM in
 // tasks of row blocks of <= 240 rows (a depth block of the block's x, 240 KiB at 256 steps,
 // stays in the 512 KiB L2 of Zen 3 while its column tiles pass) x column blocks of <= 192
 // features, narrowed until there are >= 8 tasks so that two threads balance at 128 rows. The
@@ -118,13 +126,9 @@ void linear_panels_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in
                                const float* panels, const float* bias, float* y,
                                int64_t y_stride, bool one_thread) {
   if (lk.panels_matvec != nullptr && rows <= lk.matvec_max_rows) {
-    const int64_t block = 64;
-    const int64_t blocks = (out_features + block - 1) / block;
-    const int64_t grain =
-        std::max<int64_t>(1, 65536 / std::max<int64_t>(block * in_features, 1));
-    parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-      lk.panels_matvec(rows, in_features, x, x_stride, panels, out_features, b0 * block,
-                       std::min(out_features, b1 * block), bias, y, y_stride);
+    for_matvec_blocks(in_features, out_features, [&](int64_t n0, int64_t n1) {
+      lk.panels_matvec(rows, in_features, x, x_stride, panels, out_features, n0, n1, bias, y,
+                       y_stride);
     });
     return;
   }
@@ -149,7 +153,6 @@ void linear_panels_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in
     }
   });
 }
-
 
 }  // namespace
 

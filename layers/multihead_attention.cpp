@@ -489,9 +489,10 @@ ProjectedQkv project_qkv(const MultiheadAttentionOptions& opt, const MhaWeights&
     k = q + N * L * E;
     v = k + N * d.Sp * E;
     // Rows E.. and 2E.. of a packed in_proj: its panels start there when E is a whole number of
-    // panels (weight_panel = 16), else those rows are read in place.
+    // panels (LinearKernels::weight_panel), else those rows are read in place.
+    const LinearKernels* lk = device.kernels().linear(DType::F32);
     auto rows_from = [&](const ProjectionWeight& pw, int64_t row) {
-      const bool whole = pw.panels != nullptr && E % 16 == 0;
+      const bool whole = pw.panels != nullptr && lk != nullptr && E % lk->weight_panel == 0;
       return ProjectionWeight(pw.rows + row * E, whole ? pw.panels + row * E : nullptr);
     };
     const ProjectionWeight wq = packed ? rows_from(w.in_proj_weight, 0) : w.q_proj_weight;

@@ -43,10 +43,10 @@ ProjectionWeight ParameterSet::projection(std::string_view name) const {
 
 namespace {
 
-// The weight_panel of the device's F32 projection kernels, or 0 when it packs no weights.
-int64_t weight_panel(const Device& device) {
+// The device's F32 projection kernels when they pack weights, else null.
+const LinearKernels* weight_packer(const Device& device) {
   const LinearKernels* lk = device.kernels().linear(DType::F32);
-  return lk != nullptr && lk->pack_weights != nullptr ? lk->weight_panel : 0;
+  return lk != nullptr && lk->pack_weights != nullptr ? lk : nullptr;
 }
 
 bool packable(const Parameter& p) {
@@ -57,26 +57,23 @@ bool packable(const Parameter& p) {
 }  // namespace
 
 int64_t ParameterSet::unpacked_panel_floats(const Device& device) const {
-  const int64_t panel = weight_panel(device);
+  const LinearKernels* lk = weight_packer(device);
   int64_t floats = 0;
-  if (panel == 0) return 0;
+  if (lk == nullptr) return 0;
   for (const Parameter& p : params_)
-    if (packable(p)) {
-      const int64_t n = p.value.size(0), k = p.value.size(1);
-      floats += (n + panel - 1) / panel * panel * k;
-    }
+    if (packable(p)) floats += lk->weight_panel_floats(p.value.size(0), p.value.size(1));
   return floats;
 }
 
 void ParameterSet::pack_projections(const Device& device) {
-  const int64_t panel = weight_panel(device);
-  if (panel == 0) return;
-  const LinearKernels& lk = *device.kernels().linear(DType::F32);
+  const LinearKernels* packer = weight_packer(device);
+  if (packer == nullptr) return;
+  const LinearKernels& lk = *packer;
   for (Parameter& p : params_) {
     if (!packable(p)) continue;
     const int64_t n = p.value.size(0), k = p.value.size(1);
-    const int64_t panels = (n + panel - 1) / panel;
-    Tensor packed = Tensor::empty({panels * panel * k}, DType::F32);
+    const int64_t panels = (n + lk.weight_panel - 1) / lk.weight_panel;
+    Tensor packed = Tensor::empty({lk.weight_panel_floats(n, k)}, DType::F32);
     const float* w = p.value.data<float>();
     float* dst = packed.data<float>();
     parallel_for(0, panels, std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1)),

@@ -30,15 +30,13 @@ void linear_packed_f32(int64_t m, int64_t k, const float* packed, int64_t p0, in
                        float* y, int64_t ldy);
 bool linear_packed_preferred_f32(int64_t m, int64_t k, int64_t n);
 // A layer's own weights packed once into panels of kLinearWeightPanel output features (panel q:
-// [k][16], feature 16 q + j at column j, zeros past n): linear_weight_panel_floats(n, k) floats,
-// the same layout on every target. Packs panels q0 .. q1 - 1 of w [n, k] (row stride ldw).
+// [k][16], feature 16 q + j at column j, zeros past n): LinearKernels::weight_panel_floats(n, k)
+// floats, the same layout on every target. Packs panels q0 .. q1 - 1 of w [n, k] (row stride
+// ldw).
 inline constexpr int64_t kLinearWeightPanel = 16;
 // Columns of a task of linear_panels_f32 are split at multiples of this (a whole number of
 // tiles on every target: 16 on AVX2, 48 on AVX-512).
 inline constexpr int64_t kLinearPanelTaskCols = 48;
-inline constexpr int64_t linear_weight_panel_floats(int64_t n, int64_t k) {
-  return (n + kLinearWeightPanel - 1) / kLinearWeightPanel * kLinearWeightPanel * k;
-}
 void linear_pack_weights_f32(int64_t n, int64_t k, const float* w, int64_t ldw, int64_t q0,
                              int64_t q1, float* panels);
 // y[r, c] = x[r, :] . w[c, :] + bias[c] for rows r0 .. r1 - 1 and columns c0 .. c1 - 1 (c0 a

@@ -295,16 +295,15 @@ void LinearPackWeightsF32(int64_t n, int64_t k, const float* w, int64_t ldw, int
   // store across k lines, which for k = 768 no longer fit L1: vit_b_16's load took ~3x longer).
   for (int64_t q = q0; q < q1; ++q) {
     float* HWY_RESTRICT dst = wp + q * k * panel;
+    // Rows past n read one zero over and over (step 0), so the inner loop has no branch.
+    static const float kZero = 0.0f;
     const float* src[kWeightPanel];
     int64_t inc[kWeightPanel];
     for (int64_t j = 0; j < panel; ++j) {
       const int64_t row = q * panel + j;
-      src[j] = row < n ? w + row * ldw : nullptr;
+      src[j] = row < n ? w + row * ldw : &kZero;
       inc[j] = row < n ? 1 : 0;
     }
-    static const float kZero = 0.0f;
-    for (int64_t j = 0; j < panel; ++j)
-      if (!src[j]) src[j] = &kZero;
     for (int64_t kk = 0; kk < k; ++kk)
       for (int64_t j = 0; j < panel; ++j) dst[kk * panel + j] = src[j][kk * inc[j]];
   }
