@@ -3,6 +3,8 @@
 // parameter detach it first, and the device's zeroed allocations are zero whether the block is
 // fresh from the OS or reused from its cache. Results must be bitwise those of the copying path.
 #include <boost/test/unit_test.hpp>
+#include <cinttypes>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -112,6 +114,36 @@ BOOST_AUTO_TEST_CASE(loaded_projection_weights_are_packed_and_still_read_the_fil
   BOOST_TEST(!SafetensorsFile::from_bytes(read_file_bytes(kEncoder + "encoder.safetensors"), "mem")
                   .tensor(file.names().front())
                   .file_mapped());
+}
+
+// The VmFlags line of the mapping in /proc/self/smaps that holds address p ("" if none). A
+// mapping's header line is "lo-hi perms ..."; its field lines start "Name:".
+static std::string mapping_flags(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    const std::string first = line.substr(0, line.find(' '));
+    if (!first.empty() && first.back() != ':') {
+      uintptr_t lo = 0, hi = 0;
+      inside = std::sscanf(first.c_str(), "%" SCNxPTR "-%" SCNxPTR, &lo, &hi) == 2 && lo <= addr &&
+               addr < hi;
+    } else if (inside && first == "VmFlags:") {
+      return line;
+    }
+  }
+  return "";
+}
+
+BOOST_AUTO_TEST_CASE(checkpoint_mapping_asks_for_small_pages) {
+  // A 2 MiB page-cache folio mapped whole would keep megabytes of checkpoint resident around
+  // each small tensor read in place (22.5 MB for swin_t): the mapping is marked no-huge ("nh").
+  const SafetensorsFile file = SafetensorsFile::open(kEncoder + "encoder.safetensors");
+  const Tensor t = file.tensor(file.names().front());
+  BOOST_TEST_REQUIRE(t.file_mapped());
+  const std::string flags = mapping_flags(t.data<float>());
+  BOOST_TEST_REQUIRE(!flags.empty());
+  BOOST_TEST(flags.find(" nh") != std::string::npos, flags);
 }
 
 BOOST_AUTO_TEST_CASE(in_place_and_copied_weights_give_the_same_bits) {
