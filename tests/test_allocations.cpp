@@ -36,9 +36,29 @@ namespace {
 // Escapes a pointer, so the compiler cannot drop a new/delete or malloc/free pair.
 void* volatile g_sink = nullptr;
 
-// set_num_threads(n) for one scope; back to the default (all cores) after.
+// Returns once every thread of the current count has run a chunk (each chunk waits at most 1 s
+// for the others). oneTBB starts its workers asynchronously and a starting worker allocates its
+// task pool: on a fast core the warm-up runs of a small loop can all finish on the calling
+// thread before the worker arrives, which then allocates inside the counted runs (seen on a
+// Xeon when the suite ran alone).
+void wait_for_all_threads() {
+  const int threads = num_threads();
+  std::atomic<int> arrived{0};
+  parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    arrived.fetch_add(1);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (arrived.load() < threads && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+  });
+}
+
+// set_num_threads(n) for one scope, its threads all started; back to the default (all cores)
+// after.
 struct ThreadCount {
-  explicit ThreadCount(int n) { set_num_threads(n); }
+  explicit ThreadCount(int n) {
+    set_num_threads(n);
+    wait_for_all_threads();
+  }
   ~ThreadCount() { set_num_threads(0); }
 };
 

@@ -31,6 +31,38 @@ blasint blas_ld(int64_t rows, int64_t cols, int64_t ld) {
   return static_cast<blasint>(rows <= 1 ? std::max<int64_t>({ld, cols, 1}) : ld);
 }
 
+// C[:, 0:cols] = alpha * A B[:, 0:cols] + beta * C for cols <= 8 columns, A [m, k] and B [k, ...]
+// not transposed. Rows of A are read once, the columns' sums stay in registers.
+void gemm_nn_narrow(int64_t m, int64_t cols, int64_t k, float alpha, const float* a, int64_t lda,
+                    const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) {
+    float sum[8] = {};
+    const float* a_row = a + i * lda;
+    for (int64_t p = 0; p < k; ++p) {
+      const float x = a_row[p];
+      const float* b_row = b + p * ldb;
+      for (int64_t j = 0; j < cols; ++j) sum[j] += x * b_row[j];
+    }
+    float* c_row = c + i * ldc;
+    for (int64_t j = 0; j < cols; ++j)
+      c_row[j] = beta == 0.0f ? alpha * sum[j] : alpha * sum[j] + beta * c_row[j];
+  }
+}
+
+// How many of n's last columns OpenBLAS would hand to a kernel that allocates. Debian's OpenBLAS
+// 0.3.21 on SkylakeX-class cores (AVX-512) sends row-major no-transpose products of at most
+// 100^3 multiply-adds to a "small matrix" kernel, which mallocs a copy of A for the last
+// n % 16 columns when there are 1 to 8 of them and k >= 32 (measured: 45% of such calls in a
+// sweep of m <= 100, n <= 100, k <= 300 allocated; the transposed forms never did). Those
+// columns are computed here instead, on every CPU, so a product's cost and its freedom from
+// allocation do not depend on which kernels OpenBLAS picked.
+int64_t columns_kept_from_openblas(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k) {
+  if (trans_a || trans_b || k < 32) return 0;
+  if (static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) > 1e6) return 0;
+  const int64_t tail = n % 16;
+  return tail >= 1 && tail <= 8 ? tail : 0;
+}
+
 }  // namespace
 
 // Sizes must fit blasint (32-bit in Debian's OpenBLAS): a 2^31-element dimension is far beyond
@@ -42,6 +74,11 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
   if (k <= 0 || alpha == 0.0f) {
     scale_matrix(m, n, beta, c, ldc);
     return;
+  }
+  if (const int64_t tail = columns_kept_from_openblas(trans_a, trans_b, m, n, k); tail > 0) {
+    gemm_nn_narrow(m, tail, k, alpha, a, lda, b + (n - tail), ldb, beta, c + (n - tail), ldc);
+    n -= tail;
+    if (n == 0) return;
   }
   // Stored shapes: A is [m, k] or, transposed, [k, m]; B is [k, n] or [n, k].
   const blasint ld_a = trans_a ? blas_ld(k, m, lda) : blas_ld(m, k, lda);
