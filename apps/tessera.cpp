@@ -49,20 +49,24 @@ constexpr const char* kUsage =
     "\n"
     "commands:\n"
     "  run NET [--weights W.safetensors] --input IN.safetensors --output OUT.safetensors\n"
-    "          [--threads N] [--seed S] [--non-strict]\n"
+    "          [--threads N] [--seed S] [--non-strict] [--panel-cache DIR]\n"
     "  summary NET [--shape NAME=D0,D1,...]\n"
     "  inspect FILE.safetensors\n"
     "  bench NET [--weights W.safetensors] --shape NAME=D0,D1,... [--threads N]\n"
-    "            [--warmup K] [--reps R] [--json]\n"
+    "            [--warmup K] [--reps R] [--json] [--panel-cache DIR]\n"
     "  recipe ARCH [--set NAME=VALUE]... [--output NET.json]\n"
     "  generate NET [--weights W.safetensors] (--prompt IDS.safetensors | --prompt-ids 5,17,3)\n"
     "           --max-new-tokens N [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
-    "           [--threads N] [--output OUT.safetensors]\n"
+    "           [--threads N] [--output OUT.safetensors] [--panel-cache DIR]\n"
     "\n"
     "NET is a network JSON file, or a .safetensors checkpoint carrying its network in the\n"
     "metadata key tessera.network. 'tessera <command> --help' describes a command's options;\n"
     "'tessera --version' prints the version. Exit status: 0 success, 2 a user error, 1 an\n"
-    "internal failure.\n";
+    "internal failure.\n"
+    "\n"
+    "--panel-cache DIR (default: $TESSERA_PANEL_CACHE; none when both are unset) keeps the\n"
+    "packed projection weights of each checkpoint in DIR, so that later loads map them instead\n"
+    "of packing again.\n";
 
 // Warnings wait for success: a failing command prints only its error line.
 std::vector<std::string> g_warnings;
@@ -202,9 +206,13 @@ void apply_threads(const Command& cmd) {
 
 // NET (with its stored weights, or --weights) as a ready Model; what a non-strict load skipped,
 // or the absence of any weights, becomes a warning.
-Model load_net(const std::string& net_path, const std::optional<std::string>& weights_path,
-             bool strict, uint64_t seed) {
-  LoadedModel loaded = tessera::load_model(net_path, weights_path, strict, seed);
+Model load_net(const Command& cmd, const std::string& net_path,
+               const std::optional<std::string>& weights_path, bool strict, uint64_t seed) {
+  LoadedModel loaded =
+      tessera::load_model(net_path, weights_path, strict, seed, cmd.optional("panel-cache"));
+  if (!loaded.panel_cache_warning.empty())
+    g_warnings.push_back("panel cache not written, the next load packs again: " +
+                         loaded.panel_cache_warning);
   const std::string seed_text = std::to_string(seed);
   if (!loaded.report.missing.empty())
     g_warnings.push_back(loaded.weights + ": missing weights initialised from --seed " +
@@ -227,6 +235,8 @@ int cmd_run(int argc, char** argv) {
       ("net", "Network JSON file or .safetensors checkpoint", cxxopts::value<std::string>())
       ("weights", "Weights checkpoint (replaces weights stored in NET)",
        cxxopts::value<std::string>(), "W.safetensors")
+      ("panel-cache", "Keep packed projection weights in DIR for later loads (default: "
+                      "$TESSERA_PANEL_CACHE)", cxxopts::value<std::string>(), "DIR")
       ("input", "One tensor per network input, by name", cxxopts::value<std::string>(),
        "IN.safetensors")
       ("output", "Written atomically: one F32 tensor per network output",
@@ -249,7 +259,8 @@ int cmd_run(int argc, char** argv) {
   const uint64_t seed = cmd.integer("seed", 0, 0, UINT64_MAX);
   apply_threads(cmd);
 
-  const Session session(load_net(net, cmd.optional("weights"), !cmd.has("non-strict"), seed));
+  const Session session(
+      load_net(cmd, net, cmd.optional("weights"), !cmd.has("non-strict"), seed));
   const NetworkSpec& spec = session.model().network().spec();
 
   const SafetensorsFile in = SafetensorsFile::open(input);
@@ -530,6 +541,8 @@ int cmd_bench(int argc, char** argv) {
       ("net", "Network JSON file or .safetensors checkpoint", cxxopts::value<std::string>())
       ("weights", "Weights checkpoint (replaces weights stored in NET)",
        cxxopts::value<std::string>(), "W.safetensors")
+      ("panel-cache", "Keep packed projection weights in DIR for later loads (default: "
+                      "$TESSERA_PANEL_CACHE)", cxxopts::value<std::string>(), "DIR")
       ("shape", "An input's shape (repeatable; needed for inputs with open dims)",
        cxxopts::value<std::string>(), "NAME=D0,D1,...")
       ("threads", "Cap on worker threads (default: all cores)", cxxopts::value<std::string>(), "N")
@@ -556,7 +569,7 @@ int cmd_bench(int argc, char** argv) {
   apply_threads(cmd);
 
   const auto start = std::chrono::steady_clock::now();
-  const Session session(load_net(net, cmd.optional("weights"), true, 0));
+  const Session session(load_net(cmd, net, cmd.optional("weights"), true, 0));
   // The shapes --shape gives, checked against the network (symbols, spatial grids).
   const Network bound = Network::resolve(session.model().network().spec(), shapes);
   std::map<std::string, TensorDesc> descs;
@@ -744,6 +757,8 @@ int cmd_generate(int argc, char** argv) {
       ("net", "Network JSON file or .safetensors checkpoint", cxxopts::value<std::string>())
       ("weights", "Weights checkpoint (replaces weights stored in NET)",
        cxxopts::value<std::string>(), "W.safetensors")
+      ("panel-cache", "Keep packed projection weights in DIR for later loads (default: "
+                      "$TESSERA_PANEL_CACHE)", cxxopts::value<std::string>(), "DIR")
       ("prompt", "I64/I32 tensor [B, T] named as the network's ids input",
        cxxopts::value<std::string>(), "IDS.safetensors")
       ("prompt-ids", "One prompt row: comma-separated token ids", cxxopts::value<std::string>(),
@@ -785,7 +800,7 @@ int cmd_generate(int argc, char** argv) {
   if (cmd.has("prompt-ids")) prompt_ids = parse_prompt_ids(cmd.str("prompt-ids"));
   apply_threads(cmd);
 
-  const Model model = load_net(net, cmd.optional("weights"), true, sampling.seed);
+  const Model model = load_net(cmd, net, cmd.optional("weights"), true, sampling.seed);
   const Network& network = model.network();
   GenerationSession::check(network);  // E_ARG: no ids input, a node that looks ahead, ...
   const std::string ids_name = DecodeState::ids_input(network).first;

@@ -28,6 +28,8 @@ SSE4 -> Nehalem, unless the environment sets OPENBLAS_CORETYPE; --tessera-openbl
 overrides), the probe gets --target NAME; a target
 this CPU or build lacks is an error before anything runs)  --out LABEL (file stem in
 benchmarks/results/, or a path; default <date>-models-<cpu-tag>-<isa>, +"-quick" with --quick)
+--panel-cache on|off (on: tessera's packed projection weights are cached in <workdir>/panel-cache by the
+verification run, so every timed process, cold start included, maps them; off: each load packs)
 --tessera PATH (default build/apps/tessera)  --probe PATH (default benchmarks/fma_probe of that
 build)  --workdir DIR (default /tmp/tessera-models-<uid>)  --idle-wait S  --target-s S.
 
@@ -106,6 +108,9 @@ def parse():
                         "1 round, ~0.3 s of timed work, no idle waiting")
     p.add_argument("--out", default=None, metavar="LABEL",
                    help="output stem: a name in benchmarks/results/ or a path (default <date>-models-<cpu>-<isa>)")
+    p.add_argument("--panel-cache", choices=("on", "off"), default="on",
+                   help="on (default): tessera keeps its packed projection weights in <workdir>/panel-cache "
+                        "(written by the verification run), so cold starts map them; off: every load packs")
     p.add_argument("--tessera", default=os.path.join(REPO, "build/apps/tessera"))
     p.add_argument("--probe", default=None, help="fma_probe (default: benchmarks/fma_probe of --tessera's build)")
     p.add_argument("--harness", default=os.environ.get("PEERS_HARNESS", os.path.join(os.path.dirname(REPO),
@@ -339,7 +344,8 @@ def verify(a, name, meta):
     inp, exp = os.path.join(d, "input.safetensors"), os.path.join(d, "expected.safetensors")
     cmds = {
         "tessera": ([a.tessera, "run", os.path.join(d, "net.json"), "--weights", os.path.join(d, "weights.safetensors"),
-                     "--input", inp, "--output", os.path.join(d, "tessera_out.safetensors"), "--threads", str(n)],
+                     "--input", inp, "--output", os.path.join(d, "tessera_out.safetensors"), "--threads", str(n)]
+                    + panel_cache_args(a),
                     tessera_env(a), None),
         "ort": (["node", os.path.join(HELPERS, "ort_model.js"), "--model", os.path.join(d, "model.onnx"),
                  "--input", inp, "--threads", str(n), "--verify", os.path.join(d, "ort_out.safetensors")],
@@ -388,10 +394,15 @@ def probe(a):
     return {int(k): v for k, v in j["gflops"].items()}, j["target"]
 
 
+def panel_cache_args(a):
+    return ["--panel-cache", os.path.join(a.workdir, "panel-cache")] if a.panel_cache == "on" else []
+
+
 def tessera_cmd(a, meta, name, n, warm, reps):
     d = meta["dir"]
     return [a.tessera, "bench", os.path.join(d, "net.json"), "--weights", os.path.join(d, "weights.safetensors")] \
-        + shape_args(name) + ["--threads", str(n), "--warmup", str(warm), "--reps", str(reps), "--json"]
+        + shape_args(name) + ["--threads", str(n), "--warmup", str(warm), "--reps", str(reps), "--json"] \
+        + panel_cache_args(a)
 
 
 def calibrate(a, meta, name, n):
@@ -754,6 +765,10 @@ def write_report(a, jsonl, stem):
         "# cold start: tessera = load_ms + first_run_ms (network + weights + plan + inputs + first run); torch = module "
         "construction + torch.load + load_state_dict + first forward (import excluded); ORT = "
         "InferenceSession.create + first run",
+        ("# tessera's panel cache: warm (--panel-cache <workdir>/panel-cache, written by the verification run): "
+         "loads map the packed projection weights instead of packing them; ORT and torch keep no state between "
+         "processes" if "panel_cache=on" in meta.get("settings", "") else
+         "# tessera's panel cache: off (every load packs its projection weights)"),
         "# CPU ms/call: torch and ORT = user+sys of all their threads over the timed calls / calls; tessera (*) = "
         "the whole process's / all its calls (load included); cores = CPU ms/call / ms",
         "# 'x <peer>' = peer ms / tessera ms at the same thread count (> 1: tessera faster); 'x torch best' = "
@@ -879,7 +894,8 @@ def main():
           "machine": peers.machine(), "cpu": cpu_line, "versions": versions(a), "openblas": openblas_line(a),
           "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
           "settings": f"rounds={a.rounds} target_s={a.target_s} warmup_s={a.warmup_s} min_reps={a.min_reps} "
-                      f"max_reps={a.max_reps} idle_max_cores={a.idle_max_cores} idle_wait={a.idle_wait:g}",
+                      f"max_reps={a.max_reps} idle_max_cores={a.idle_max_cores} idle_wait={a.idle_wait:g} "
+                      f"panel_cache={a.panel_cache}",
           "model_list": a.model_list, "thread_list": a.thread_list, "runtime_list": a.runtime_list,
           "target": a.target, "verify_tol": a.verify_tol, "models": metas, "verification": verif})
     keep({"probe": peak, "target": target, "when": "start"})

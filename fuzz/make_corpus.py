@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the fuzz targets' seed corpus: fuzz/corpus/{safetensors,network,run}/.
+"""Writes the fuzz targets' seed corpus: fuzz/corpus/{safetensors,network,run,panel_cache}/.
 
 Standard library only; deterministic (fixed seeds), so rerunning it reproduces the committed
 files byte for byte. Seeds are small valid inputs that reach every feature the targets check:
@@ -11,6 +11,8 @@ libFuzzer mutates from them, and a seed that is already refused teaches it littl
   network/      the spec's five examples, the encoder, and one small network per op and option
   run/          fuzz_run's layout (fuzz/fuzz_run.cpp): flags, NET, W, IN; networks with random
                 initialisation, with weights, and a checkpoint carrying its network
+  panel_cache/  panel cache files (io/panel_cache.h) with entries, none, one ending the file, and
+                refused ones: another checkpoint identity or layout, an offset past the end, cut short
 
 Usage: /usr/bin/python3 fuzz/make_corpus.py   (from anywhere; writes next to this file)
 """
@@ -404,10 +406,44 @@ def run_seeds():
         write("run", name + "_random_init", run_seed(1, text, b"", input_file(n)))
 
 
+# ------------------------------------------------------------------------------ panel_cache
+# fuzz_panel_cache checks files against checkpoint identity (1, 2, 3, 4) and layout "fuzz layout".
+
+
+def panel_cache(entries, identity=(1, 2, 3, 4), layout="fuzz layout", version=1, pad_last=True):
+    """The io/panel_cache.h layout: magic, u64 header length, JSON, zeros to 4096, 4096-aligned panels."""
+    listed, data, offset = [], b"", 0
+    for i, (key, rows, cols, floats) in enumerate(entries):
+        listed.append({"key": key, "rows": rows, "cols": cols, "offset": offset, "floats": floats})
+        body = f32_bytes([(i + 1) * 0.5 + j for j in range(floats)])
+        if pad_last or i + 1 < len(entries):
+            body += b"\0" * (-len(body) % 4096)
+        data += body
+        offset += len(body)
+    dev, ino, size, mtime = identity
+    header = json.dumps({"version": version, "layout": layout,
+                         "checkpoint": {"device": dev, "inode": ino, "size": size, "mtime_ns": mtime},
+                         "entries": listed}, separators=(",", ":")).encode()
+    head = b"TSPANEL1" + struct.pack("<Q", len(header)) + header
+    return head + b"\0" * (-len(head) % 4096) + data
+
+
+def panel_cache_seeds():
+    write("panel_cache", "two_entries", panel_cache([("a.weight", 3, 2, 32), ("b.in_proj_weight", 17, 4, 128)]))
+    write("panel_cache", "no_entries", panel_cache([]))
+    write("panel_cache", "ends_at_last_panel", panel_cache([("w", 16, 1, 16)], pad_last=False))
+    write("panel_cache", "other_identity", panel_cache([("w", 16, 1, 16)], identity=(1, 2, 3, 5)))
+    write("panel_cache", "other_layout", panel_cache([("w", 16, 1, 16)], layout="f32 k-major panels of 16 rows, v1"))
+    good = panel_cache([("w", 16, 1, 16)])
+    write("panel_cache", "offset_past_end", good.replace(b'"offset":0', b'"offset":8192'))
+    write("panel_cache", "truncated", good[:4096 + 32])
+
+
 def main():
     safetensors_seeds()
     network_seeds()
     run_seeds()
+    panel_cache_seeds()
 
 
 if __name__ == "__main__":

@@ -616,6 +616,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
 
   SafetensorsFile f;
   f.path_ = path;
+  f.identity_ = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), size,
+                 static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
   f.bytes_ = std::move(bytes);
   f.parse();
   return f;

@@ -67,6 +67,15 @@ struct SafetensorsTensorInfo {
   bool computable() const;
 };
 
+// What identifies a file's contents without reading them: a file replaced, rewritten or touched
+// since gets another (inode, size or modification time in ns). All zero for in-memory files.
+struct FileIdentity {
+  uint64_t device = 0, inode = 0, size = 0;
+  int64_t mtime_ns = 0;
+  bool operator==(const FileIdentity&) const = default;
+  bool known() const { return inode != 0 || device != 0; }
+};
+
 class SafetensorsFile {
  public:
   // Maps the file read-only (PROT_READ, MAP_PRIVATE) and validates the whole header.
@@ -96,6 +105,8 @@ class SafetensorsFile {
   // __metadata__; empty when absent or null.
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return path_; }
+  // The file as it was when opened (fstat of the descriptor that was mapped).
+  const FileIdentity& identity() const { return identity_; }
   uint64_t file_size() const { return file_size_; }
   uint64_t header_size() const { return header_size_; }  // N, padding included
   uint64_t data_offset() const { return 8 + header_size_; }
@@ -106,6 +117,7 @@ class SafetensorsFile {
   void parse();
 
   std::string path_;
+  FileIdentity identity_;
   std::shared_ptr<const Bytes> bytes_;
   uint64_t file_size_ = 0;
   uint64_t header_size_ = 0;

@@ -391,7 +391,7 @@ Model::Model(Network network, std::optional<uint64_t> seed) : network_(std::move
   if (seed) pack_projections();
 }
 
-void Model::pack_projections() {
+void Model::pack_projections(const PanelLookup* packed) {
   const Device& device = cpu_device();
   double held = 0.0, more = 0.0;
   for (const auto& layer : layers_)
@@ -403,9 +403,32 @@ void Model::pack_projections() {
   if (more == 0.0) return;
   check_memory_budget(memory_bytes_ + held + more, network_.spec().origin,
                       "the model (parameters, precomputed tables and packed weights)");
-  for (auto& layer : layers_)
-    if (ParameterSet* ps = layer->parameters()) ps->pack_projections(device);
+  const auto& nodes = network_.nodes();
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    ParameterSet* ps = layers_[i]->parameters();
+    if (!ps) continue;
+    if (packed == nullptr) {
+      ps->pack_projections(device);
+      continue;
+    }
+    ps->pack_projections(device, [&](const Parameter& p, int64_t floats) {
+      return (*packed)(parameter_key(nodes[i].name, p.name), p.value.size(0), p.value.size(1),
+                       floats);
+    });
+  }
   panel_bytes_ = held + more;
+}
+
+std::vector<PackedProjection> Model::packed_projections() const {
+  std::vector<PackedProjection> out;
+  const auto& nodes = network_.nodes();
+  for (size_t i = 0; i < layers_.size(); ++i)
+    if (const ParameterSet* ps = layers_[i]->parameters())
+      for (const Parameter& p : ps->all())
+        if (p.panels.defined())
+          out.push_back({parameter_key(nodes[i].name, p.name), p.value.size(0), p.value.size(1),
+                         &p.panels});
+  return out;
 }
 
 namespace {
@@ -419,7 +442,8 @@ bool same_values(const Tensor& t, const Tensor& want) {
 
 WeightsReport Model::load_weights(const std::map<std::string, Tensor>& state, bool strict,
                                   const std::string& where,
-                                  const std::map<std::string, std::string>& unusable) {
+                                  const std::map<std::string, std::string>& unusable,
+                                  const PanelLookup* packed) {
   std::vector<std::string> missing, unexpected, misshaped;
   std::set<std::string> declared;  // every key that is a parameter or a persistent buffer
   const auto& nodes = network_.nodes();
@@ -475,7 +499,7 @@ WeightsReport Model::load_weights(const std::map<std::string, Tensor>& state, bo
                 : describe_weight_problems({}, {}, misshaped));
   for (size_t i = 0; i < nodes.size(); ++i)
     if (layers_[i]->parameters() && !subs[i].empty()) layers_[i]->load(subs[i]);
-  pack_projections();
+  pack_projections(packed);
   return {std::move(missing), std::move(unexpected)};
 }
 

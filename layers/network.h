@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/function_ref.h"
 #include "core/tensor.h"
 #include "io/network_file.h"
 #include "layers/op.h"
@@ -93,6 +94,17 @@ struct WeightsReport {
   std::vector<std::string> unexpected;  // ignored
 };
 
+// Finds a projection weight's packed panels elsewhere: (checkpoint key, rows, cols, floats) ->
+// the panels, or an undefined tensor to have them packed.
+using PanelLookup = FunctionRef<Tensor(const std::string& key, int64_t rows, int64_t cols,
+                                       int64_t floats)>;
+
+struct PackedProjection {
+  std::string key;  // "<node>.<param>"
+  int64_t rows, cols;
+  const Tensor* panels;
+};
+
 class Model {
  public:
   // Builds every layer, its parameters initialised as the layer's reset does from a seed derived
@@ -119,17 +131,24 @@ class Model {
   // and both are reported). `unusable` lists tensors of the checkpoint that cannot be read as
   // numbers (name -> dtype): a parameter's counts as mis-shaped, any other as unexpected.
   // Nothing changes when loading fails.
+  // `packed`, when given, is asked for each projection weight's panels (by checkpoint key,
+  // [rows, cols] and the float count the layout needs) before packing it: a defined tensor it
+  // returns is taken as the panels (a panel cache's mapping, io/panel_cache.h).
   WeightsReport load_weights(const std::map<std::string, Tensor>& state, bool strict,
                              const std::string& where,
-                             const std::map<std::string, std::string>& unusable = {});
+                             const std::map<std::string, std::string>& unusable = {},
+                             const PanelLookup* packed = nullptr);
+  // Every projection weight's panels, by checkpoint key (what a panel cache stores).
+  std::vector<PackedProjection> packed_projections() const;
   // Every parameter as "<node>.<param>". Parameters loaded in place from a checkpoint are its
   // read-only views (Tensor::read_only()): clone() one before writing it.
   std::map<std::string, Tensor> state_dict() const;
 
  private:
   // Packs every layer's projection weights not packed yet (ParameterSet::pack_projections),
-  // after checking what that adds against the memory budget (E_SHAPE).
-  void pack_projections();
+  // after checking what that adds against the memory budget (E_SHAPE); `packed` as in
+  // load_weights.
+  void pack_projections(const PanelLookup* packed = nullptr);
 
   Network network_;
   std::vector<std::unique_ptr<OpLayer>> layers_;

@@ -65,13 +65,29 @@ int64_t ParameterSet::unpacked_panel_floats(const Device& device) const {
   return floats;
 }
 
+std::string projection_panel_layout(const Device& device) {
+  const LinearKernels* lk = weight_packer(device);
+  // pack_weights' layout (core/kernels.h): panel q holds w[q * P + j][kk] at [q][kk][j], zeros
+  // past n; the same on every SIMD target.
+  return lk ? "f32 k-major panels of " + std::to_string(lk->weight_panel) + " rows, v1" : "";
+}
+
 void ParameterSet::pack_projections(const Device& device) {
+  pack_projections(device, [](const Parameter&, int64_t) { return Tensor(); });
+}
+
+void ParameterSet::pack_projections(const Device& device,
+                                    FunctionRef<Tensor(const Parameter& p, int64_t floats)> cached) {
   const LinearKernels* packer = weight_packer(device);
   if (packer == nullptr) return;
   const LinearKernels& lk = *packer;
   for (Parameter& p : params_) {
     if (!packable(p)) continue;
     const int64_t n = p.value.size(0), k = p.value.size(1);
+    if (Tensor found = cached(p, lk.weight_panel_floats(n, k)); found.defined()) {
+      p.panels = std::move(found);
+      continue;
+    }
     const int64_t panels = (n + lk.weight_panel - 1) / lk.weight_panel;
     Tensor packed = Tensor::empty({lk.weight_panel_floats(n, k)}, DType::F32);
     const float* w = p.value.data<float>();

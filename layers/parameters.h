@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/function_ref.h"
 #include "core/tensor.h"
 
 namespace tessera {
@@ -60,6 +61,10 @@ class ParameterSet {
   // (release_file_pages), so the process holds one copy, not two. Anything that
   // changes a value (load, mutable_tensor, all, find) drops its panels until packed again.
   void pack_projections(const Device& device);
+  // As above, but a weight for which `cached(p, floats)` returns a defined tensor takes it as
+  // its panels (floats F32 elements, as pack_weights would write them) instead of packing.
+  void pack_projections(const Device& device,
+                        FunctionRef<Tensor(const Parameter& p, int64_t floats)> cached);
   // Floats pack_projections would allocate now.
   int64_t unpacked_panel_floats(const Device& device) const;
   const std::vector<Parameter>& all() const { return params_; }
@@ -83,6 +88,10 @@ class ParameterSet {
 
   std::vector<Parameter> params_;
 };
+
+// The panel layout of `device`'s projection kernel as a name ("" when it packs nothing): panels
+// made under one name are valid wherever the same name is reported (a panel cache's check).
+std::string projection_panel_layout(const Device& device);
 
 // The E_WEIGHTS message listing every offending key: "missing: a, b; unexpected: c;
 // mis-shaped: d (expected [4, 4], got [4, 5])".

@@ -3,6 +3,7 @@
 # scripts/sanitize.sh shares (scripts/setup_asan.sh, build-asan) and runs each on its committed
 # seed corpus for SECONDS (default 60), one after the other.
 #   scripts/fuzz.sh [SECONDS [TARGET...]]      TARGET: fuzz_safetensors fuzz_network fuzz_run
+#                                             fuzz_panel_cache
 # New inputs go to build-asan/corpus/<target>/ (kept between runs, never committed), crashes to
 # build-asan/artifacts/<target>/. Long runs: `scripts/fuzz.sh 3600`; SECURITY.md has more.
 # Exits non-zero when a target crashed, leaked, hung (-timeout) or ran out of memory.
@@ -10,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 SECONDS_PER_TARGET=${1:-60}
 TARGETS=("${@:2}")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(fuzz_safetensors fuzz_network fuzz_run)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(fuzz_safetensors fuzz_network fuzz_run fuzz_panel_cache)
 export BUILD_DIR=${BUILD_DIR:-build-asan}
 
 scripts/setup_asan.sh

@@ -395,6 +395,43 @@ BOOST_AUTO_TEST_CASE(failed_runs_leave_existing_output_intact) {
 
 // ---------------------------------------------------------------- inspect and bench
 
+// --panel-cache DIR: the first load writes the checkpoint's packed projections there, later ones
+// map them; outputs are the same bytes with and without. An unwritable DIR is a warning only.
+BOOST_AUTO_TEST_CASE(panel_cache_keeps_results_and_only_warns_when_unwritable) {
+  Scratch s;
+  const std::string cache = s.path("cache");
+  std::vector<std::string> outputs;
+  const char* const names[] = {"o0.safetensors", "o1.safetensors", "o2.safetensors"};
+  for (const bool cached : {false, true, true}) {
+    outputs.push_back(s.path(names[outputs.size()]));
+    std::vector<std::string> args = {"run", kEncoder, "--input", kEncoderInput, "--output",
+                                     outputs.back()};
+    if (cached) args.insert(args.end(), {"--panel-cache", cache});
+    const Result r = cli_run(args);
+    BOOST_TEST(r.status == 0, r.err);
+    BOOST_TEST(r.err.empty(), r.err);
+  }
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(cache))
+    files += entry.path().extension() == ".tpanels" ? 1 : 0;
+  BOOST_TEST(files == 1);
+  BOOST_TEST(slurp(outputs[1]) == slurp(outputs[0]));
+  BOOST_TEST(slurp(outputs[2]) == slurp(outputs[0]));
+  const Result bench = cli_run({"bench", kEncoder, "--shape", "x=2,16,64", "--warmup", "0",
+                                "--reps", "1", "--json", "--panel-cache", cache});
+  BOOST_TEST(bench.status == 0, bench.err);
+  BOOST_TEST(bench.err.empty(), bench.err);
+
+  const std::string not_a_dir = s.write("not_a_dir", "x");
+  const Result r = cli_run({"run", kEncoder, "--input", kEncoderInput, "--output",
+                            s.path("o3.safetensors"), "--panel-cache", not_a_dir});
+  BOOST_TEST(r.status == 0, r.err);
+  BOOST_TEST(r.err.starts_with("tessera: warning: panel cache not written, the next load packs "
+                               "again: E_IO: "), r.err);
+  BOOST_TEST(std::count(r.err.begin(), r.err.end(), '\n') == 1, r.err);
+  BOOST_TEST(slurp(s.path("o3.safetensors")) == slurp(outputs[0]));
+}
+
 BOOST_AUTO_TEST_CASE(inspect_lists_tensors_and_metadata) {
   const Result r = cli_run({"inspect", kEncoder});
   BOOST_TEST(r.status == 0, r.err);

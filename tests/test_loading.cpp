@@ -3,17 +3,23 @@
 // parameter detach it first, and the device's zeroed allocations are zero whether the block is
 // fresh from the OS or reused from its cache. Results must be bitwise those of the copying path.
 #include <boost/test/unit_test.hpp>
+#include <unistd.h>
+
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <string>
 
+#include "backends/cpu/cpu_device.h"
 #include "core/allocator.h"
 #include "core/random.h"
 #include "io/network_file.h"
+#include "io/panel_cache.h"
 #include "io/safetensors.h"
 #include "layers/network.h"
 #include "layers/parameters.h"
@@ -217,6 +223,188 @@ BOOST_AUTO_TEST_CASE(writes_detach_a_parameter_from_the_mapping) {
   other.load({{"weight", stored.to(DType::F64)}}, true, "t");
   BOOST_TEST(!other.tensor("weight").read_only());
   BOOST_TEST(same_bits(other.tensor("weight"), stored));
+}
+
+// ---- The panel cache (io/panel_cache.h, load_model's panel_cache_dir).
+namespace {
+
+namespace fs = std::filesystem;
+
+// A directory with a copy of the encoder checkpoint (its own inode and mtime), removed at the end.
+struct CacheDir {
+  fs::path root;
+  std::string checkpoint, cache;
+  CacheDir() {
+    static int counter = 0;
+    root = fs::temp_directory_path() /
+           ("tessera_panel_cache_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::create_directories(root);
+    checkpoint = (root / "encoder.safetensors").string();
+    fs::copy_file(kEncoder + "encoder.safetensors", checkpoint);
+    cache = (root / "cache").string();
+  }
+  ~CacheDir() {
+    std::error_code ec;
+    fs::remove_all(root, ec);
+  }
+  LoadedModel load(bool strict = true) const {
+    return load_model(checkpoint, std::nullopt, strict, 0, cache);
+  }
+};
+
+// Every packed projection of `m`: key -> (panels' bytes, whether they view a file mapping).
+std::map<std::string, std::pair<std::vector<uint8_t>, bool>> panels_of(const Model& m) {
+  std::map<std::string, std::pair<std::vector<uint8_t>, bool>> out;
+  for (const PackedProjection& p : m.packed_projections()) {
+    const auto* b = static_cast<const uint8_t*>(p.panels->raw_data());
+    out[p.key] = {std::vector<uint8_t>(b, b + p.panels->nbytes()), p.panels->file_mapped()};
+  }
+  return out;
+}
+
+void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+// The cache file's JSON header, and the file with its header replaced by `json` (same data
+// start as long as the header stays within its 4096-byte page, as these edits do).
+std::string header_of(const std::vector<uint8_t>& file) {
+  uint64_t n = 0;
+  std::memcpy(&n, file.data() + 8, 8);
+  return std::string(file.begin() + 16, file.begin() + 16 + static_cast<int64_t>(n));
+}
+std::vector<uint8_t> with_header(std::vector<uint8_t> file, const std::string& json) {
+  const std::string old = header_of(file);
+  BOOST_REQUIRE(json.size() <= old.size() + 64);
+  const uint64_t n = json.size();
+  const size_t data_start = (16 + old.size() + 4095) / 4096 * 4096;
+  std::vector<uint8_t> out(file.size(), 0);
+  std::memcpy(out.data(), file.data(), 8);
+  std::memcpy(out.data() + 8, &n, 8);
+  std::memcpy(out.data() + 16, json.data(), json.size());
+  std::memcpy(out.data() + data_start, file.data() + data_start, file.size() - data_start);
+  return out;
+}
+std::string replaced(std::string s, const std::string& from, const std::string& to) {
+  const size_t at = s.find(from);
+  BOOST_REQUIRE_MESSAGE(at != std::string::npos, from);
+  return s.replace(at, from.size(), to);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(panel_cache_is_written_then_mapped_with_the_same_bits) {
+  const CacheDir dir;
+  const Tensor x = SafetensorsFile::open(kEncoder + "input.safetensors").tensor("x");
+  const LoadedModel plain = load_model(dir.checkpoint, std::nullopt, true, 0, std::string());
+  BOOST_TEST(plain.panel_cache.empty());
+  const LoadedModel first = dir.load();  // a miss: packs, then writes the file
+  BOOST_TEST(!first.panel_cache_hit);
+  BOOST_TEST(first.panel_cache_warning.empty(), first.panel_cache_warning);
+  BOOST_TEST(first.panel_cache.rfind(dir.cache + "/", 0) == 0u, first.panel_cache);
+  BOOST_TEST_REQUIRE(fs::is_regular_file(first.panel_cache));
+  const LoadedModel second = dir.load();  // a hit: every panel a view of the cache's mapping
+  BOOST_TEST(second.panel_cache_hit);
+  BOOST_TEST(second.panel_cache == first.panel_cache);
+  const auto packed = panels_of(plain.model), cached = panels_of(second.model);
+  BOOST_TEST_REQUIRE(packed.size() == 4u);
+  BOOST_TEST_REQUIRE(cached.size() == packed.size());
+  for (const auto& [key, p] : packed) {
+    BOOST_TEST(!p.second, key);
+    BOOST_TEST(cached.at(key).second, key);
+    BOOST_TEST((cached.at(key).first == p.first), key);
+  }
+  const Tensor want = run_once(plain.model, x).at("y");
+  BOOST_TEST(same_bits(run_once(first.model, x).at("y"), want));
+  BOOST_TEST(same_bits(run_once(second.model, x).at("y"), want));
+  // Another checkpoint path gets another file in the same directory.
+  BOOST_TEST(PanelCacheFile::path_for(dir.cache, dir.checkpoint) == first.panel_cache);
+  BOOST_TEST(PanelCacheFile::path_for(dir.cache, kEncoder + "encoder.safetensors") !=
+             first.panel_cache);
+}
+
+BOOST_AUTO_TEST_CASE(panel_cache_is_rebuilt_when_stale_or_broken) {
+  const CacheDir dir;
+  const Tensor x = SafetensorsFile::open(kEncoder + "input.safetensors").tensor("x");
+  const Tensor want = run_once(load_model(dir.checkpoint, std::nullopt, true, 0, std::string()).model,
+                               x).at("y");
+  const std::string path = dir.load().panel_cache;
+  const std::vector<uint8_t> good = read_file_bytes(path);
+  const std::string header = header_of(good);
+  const std::string layout = projection_panel_layout(cpu_device());
+  // Each damaged file is a miss (never an error or a read outside the file), the load packs
+  // and gives the same bits, and the file it rewrites is a hit again.
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> broken = {
+      {"empty", {}},
+      {"prefix only", std::vector<uint8_t>(good.begin(), good.begin() + 15)},
+      {"truncated data", std::vector<uint8_t>(good.begin(), good.end() - 4096)},
+      {"bad magic", [&] { auto b = good; b[0] = 'X'; return b; }()},
+      {"header length past the file", [&] { auto b = good; b[15] = 0x7f; return b; }()},
+      {"not JSON", with_header(good, std::string(header.size(), 'x'))},
+      {"deep JSON", with_header(good, std::string(40, '[') + std::string(40, ']'))},
+      {"version 2", with_header(good, replaced(header, "\"version\":1", "\"version\":2"))},
+      {"other layout", with_header(good, replaced(header, layout, "f32 panels of 8"))},
+      {"offset past the end",
+       with_header(good, replaced(header, "\"offset\":0", "\"offset\":1099511627776"))},
+      {"unaligned offset", with_header(good, replaced(header, "\"offset\":0", "\"offset\":4"))},
+      {"negative floats", with_header(good, replaced(header, "\"floats\":", "\"floats\":-"))},
+      {"floats of another shape", with_header(good, replaced(header, "\"rows\":", "\"rows\":1"))},
+      {"string inode", with_header(good, replaced(header, "\"inode\":", "\"inode\":\"1\",\"x\":"))},
+  };
+  for (const auto& [what, bytes] : broken) {
+    write_bytes(path, bytes);
+    const LoadedModel rebuilt = dir.load();
+    BOOST_TEST(!rebuilt.panel_cache_hit, what);
+    BOOST_TEST(rebuilt.panel_cache_warning.empty(), what << ": " << rebuilt.panel_cache_warning);
+    BOOST_TEST(same_bits(run_once(rebuilt.model, x).at("y"), want), what);
+    BOOST_TEST(dir.load().panel_cache_hit, what);
+  }
+  // A checkpoint touched since (another mtime) is a miss; why says so.
+  const SafetensorsFile before = SafetensorsFile::open(dir.checkpoint);
+  fs::last_write_time(dir.checkpoint, fs::last_write_time(dir.checkpoint) - std::chrono::hours(1));
+  const SafetensorsFile after = SafetensorsFile::open(dir.checkpoint);
+  BOOST_TEST(!(after.identity() == before.identity()));
+  std::string why;
+  BOOST_TEST(!PanelCacheFile::open(path, after.identity(), layout, &why).has_value());
+  BOOST_TEST(why == "the checkpoint changed");
+  BOOST_TEST(PanelCacheFile::open(path, before.identity(), layout, &why).has_value());
+  BOOST_TEST(!dir.load().panel_cache_hit);
+  BOOST_TEST(dir.load().panel_cache_hit);
+  BOOST_TEST(!PanelCacheFile::open(dir.cache + "/none.tpanels", after.identity(), layout, &why));
+  BOOST_TEST(why == "absent");
+}
+
+BOOST_AUTO_TEST_CASE(panel_cache_failures_are_warnings_and_seeded_weights_stay_out) {
+  const CacheDir dir;
+  const Tensor x = SafetensorsFile::open(kEncoder + "input.safetensors").tensor("x");
+  const Tensor want = run_once(load_model(dir.checkpoint, std::nullopt, true, 0, std::string()).model,
+                               x).at("y");
+  // The cache "directory" is a file: nothing can be written, the model is fine.
+  std::ofstream(dir.cache) << "not a directory";
+  const LoadedModel blocked = dir.load();
+  BOOST_TEST(!blocked.panel_cache_hit);
+  BOOST_TEST(blocked.panel_cache_warning.find("E_IO") != std::string::npos,
+             blocked.panel_cache_warning);
+  BOOST_TEST(same_bits(run_once(blocked.model, x).at("y"), want));
+  fs::remove(dir.cache);
+
+  // A non-strict load of a checkpoint without b0_fc1.weight seeds it: its panels are not cached.
+  const SafetensorsFile full = SafetensorsFile::open(dir.checkpoint);
+  std::map<std::string, Tensor> partial;
+  for (const std::string& name : full.names())
+    if (name != "b0_fc1.weight") partial[name] = full.tensor(name);
+  const std::string partial_path = (dir.root / "partial.safetensors").string();
+  save_safetensors(partial_path, partial, full.metadata());
+  const LoadedModel seeded = load_model(partial_path, std::nullopt, false, 7, dir.cache);
+  BOOST_TEST(seeded.report.missing == std::vector<std::string>({"b0_fc1.weight"}));
+  std::string why;
+  const auto cache = PanelCacheFile::open(seeded.panel_cache,
+                                          SafetensorsFile::open(partial_path).identity(),
+                                          projection_panel_layout(cpu_device()), &why);
+  BOOST_TEST_REQUIRE(cache.has_value(), why);
+  BOOST_TEST(cache->size() == 3u);
+  BOOST_TEST(load_model(partial_path, std::nullopt, false, 7, dir.cache).panel_cache_hit);
 }
 
 // Large blocks (>= 1 MiB) come from mmap zero-filled, or from the device's cache holding an

@@ -157,9 +157,12 @@ typedef struct tessera_model tessera_model;
  * its network in the metadata key `tessera.network` (shared/docs/interfaces.md §2).
  * `weights_path` is a .safetensors checkpoint whose weights replace any stored with the
  * network, or NULL to use the stored ones. Checkpoints are memory-mapped and float32 weights
- * are used in place, read from the file when a run first needs them: loading reads little more
- * than the headers (a 1.07 GB checkpoint of linears loads in ~9 ms). Copies are made only of
- * other dtypes (converted) and of what a layer repacks (attention's q/k/v projections).
+ * are used in place, read from the file when a run first needs them. Copies are made only of
+ * other dtypes (converted) and of the projection weights (linear layers, attention's
+ * projections), packed once into the layout the kernels read; with the environment variable
+ * TESSERA_PANEL_CACHE naming a directory, the packed weights are kept there (one file per
+ * checkpoint, written atomically by the first load) and later loads map them instead of
+ * packing (README, "the panel cache"; a cache that cannot be written changes nothing else).
  * The mapping lives as long as the model: meanwhile the file must not be truncated or rewritten
  * in place (reading a vanished page raises SIGBUS); replacing it by rename is safe.
  * E_IO, E_FORMAT (a file), E_ARG / E_CONSTRAINT / E_SHAPE / E_DTYPE / E_UNSUPPORTED (the
