@@ -149,6 +149,7 @@ class Model {
   // after checking what that adds against the memory budget (E_SHAPE); `packed` as in
   // load_weights.
   void pack_projections(const PanelLookup* packed = nullptr);
+  void drop_unread_checkpoint_pages() const;
 
   Network network_;
   std::vector<std::unique_ptr<OpLayer>> layers_;

@@ -3,6 +3,7 @@
 // parameter detach it first, and the device's zeroed allocations are zero whether the block is
 // fresh from the OS or reused from its cache. Results must be bitwise those of the copying path.
 #include <boost/test/unit_test.hpp>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -262,6 +263,24 @@ std::map<std::string, std::pair<std::vector<uint8_t>, bool>> panels_of(const Mod
   return out;
 }
 
+// Whole pages of [p, p + bytes) mapped in this process (the present bit of /proc/self/pagemap,
+// which needs no privilege), or -1 when pagemap cannot be read.
+int64_t mapped_whole_pages(const void* p, size_t bytes) {
+  const uintptr_t page = 4096, lo = (reinterpret_cast<uintptr_t>(p) + page - 1) / page,
+                  hi = (reinterpret_cast<uintptr_t>(p) + bytes) / page;
+  // pread of whole 8-byte entries: pagemap refuses reads of other sizes (an ifstream's buffer).
+  const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  int64_t mapped = 0;
+  for (uintptr_t i = lo; i < hi && mapped >= 0; ++i) {
+    uint64_t entry = 0;
+    if (::pread(fd, &entry, 8, static_cast<off_t>(i * 8)) != 8) mapped = -1;
+    else mapped += static_cast<int64_t>((entry >> 63) & 1);
+  }
+  ::close(fd);
+  return mapped;
+}
+
 void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc)
       .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
@@ -318,6 +337,14 @@ BOOST_AUTO_TEST_CASE(panel_cache_is_written_then_mapped_with_the_same_bits) {
   const Tensor want = run_once(plain.model, x).at("y");
   BOOST_TEST(same_bits(run_once(first.model, x).at("y"), want));
   BOOST_TEST(same_bits(run_once(second.model, x).at("y"), want));
+  // The weights' rows are never read on a hit, and the small tensors' first reads must not leave
+  // the rows' pages mapped around them (fault-around), as packing does not.
+  const std::map<std::string, Tensor> state = second.model.state_dict();
+  for (const auto& [key, p] : packed) {
+    const Tensor& rows = state.at(key);
+    BOOST_TEST_REQUIRE(rows.file_mapped(), key);
+    BOOST_TEST(mapped_whole_pages(rows.raw_data(), rows.nbytes()) == 0, key);
+  }
   // Another checkpoint path gets another file in the same directory.
   BOOST_TEST(PanelCacheFile::path_for(dir.cache, dir.checkpoint) == first.panel_cache);
   BOOST_TEST(PanelCacheFile::path_for(dir.cache, kEncoder + "encoder.safetensors") !=
