@@ -115,9 +115,7 @@ std::optional<PanelCacheFile> PanelCacheFile::open(const std::string& path,
     ::close(fd);
     return miss("malformed: " + std::to_string(size) + " bytes, shorter than its 16-byte prefix");
   }
-  // Every panel is read by the first run: populate the page tables in one call rather than
-  // fault by fault.
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int err = errno;
   ::close(fd);
   if (map == MAP_FAILED) return miss(std::string("cannot map: ") + std::strerror(err));
@@ -173,6 +171,10 @@ std::optional<PanelCacheFile> PanelCacheFile::open(const std::string& path,
     if (!f.entries_.emplace(name, Entry{rows, cols, floats, data_start + offset}).second)
       return miss("malformed: entry " + name + " twice");
   }
+  // Only now that the file is known to be used: every panel is read by the first run, so the
+  // page tables are filled in one call rather than fault by fault (and a stale file is never
+  // read past its header). Advisory: without it the pages fault in as they are read.
+  ::madvise(map, size, MADV_POPULATE_READ);
   f.mapping_ = std::move(mapping);
   return f;
 }
