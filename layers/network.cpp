@@ -392,6 +392,39 @@ Model::Model(Network network, std::optional<uint64_t> seed) : network_(std::move
   if (seed) pack_projections();
 }
 
+// A projection weight read through a layer's port (a tied LM head): the other node's parameter
+// behind it, when it is one that can be packed; null otherwise.
+const Parameter* Model::tied_projection(size_t node, int port) const {
+  const int v = network_.nodes()[node].inputs[static_cast<size_t>(port)];
+  if (v < 0) return nullptr;
+  const NetworkValue& nv = network_.values()[static_cast<size_t>(v)];
+  if (nv.port >= 0 || nv.producer < 0) return nullptr;  // not a parameter
+  const ParameterSet* ps = layers_[static_cast<size_t>(nv.producer)]->parameters();
+  const Parameter* p = ps ? ps->find(nv.parameter) : nullptr;
+  if (!p || p->value.dtype() != DType::F32 || p->value.dim() != 2 || !p->value.is_contiguous() ||
+      p->value.numel() == 0)
+    return nullptr;
+  return p;
+}
+
+// Every tied projection: (node, port, its slot, the parameter, its checkpoint key).
+template <typename Fn>
+void Model::for_each_tied_projection(Fn&& fn) const {
+  const auto& nodes = network_.nodes();
+  for (size_t i = 0; i < layers_.size(); ++i)
+    for (size_t port = 0; port < nodes[i].inputs.size(); ++port) {
+      PortPanels* slot = layers_[i]->port_panels(static_cast<int>(port));
+      if (!slot) continue;
+      const Parameter* p = tied_projection(i, static_cast<int>(port));
+      if (!p) {
+        *slot = {};
+        continue;
+      }
+      const NetworkValue& nv = network_.values()[static_cast<size_t>(nodes[i].inputs[port])];
+      fn(*slot, *p, parameter_key(nodes[static_cast<size_t>(nv.producer)].name, nv.parameter));
+    }
+}
+
 void Model::pack_projections(const PanelLookup* packed) {
   const Device& device = cpu_device();
   double held = 0.0, more = 0.0;
@@ -401,25 +434,42 @@ void Model::pack_projections(const PanelLookup* packed) {
       for (const Parameter& p : ps->all())
         if (p.panels.defined()) held += static_cast<double>(p.panels.nbytes());
     }
+  for_each_tied_projection([&](PortPanels& slot, const Parameter& p, const std::string&) {
+    if (slot.panels.defined() && slot.rows == p.value.data<float>())
+      held += static_cast<double>(slot.panels.nbytes());
+    else
+      more += sizeof(float) * static_cast<double>(projection_panel_floats(
+                                  device, p.value.size(0), p.value.size(1)));
+  });
   if (more == 0.0) return;
   check_memory_budget(memory_bytes_ + held + more, network_.spec().origin,
                       "the model (parameters, precomputed tables and packed weights)");
   const auto& nodes = network_.nodes();
   bool adopted = false;
+  auto find = [&](const std::string& key, int64_t rows, int64_t cols, int64_t floats) {
+    if (packed == nullptr) return Tensor();
+    Tensor found = (*packed)(key, rows, cols, floats);
+    adopted = adopted || found.defined();
+    return found;
+  };
   for (size_t i = 0; i < layers_.size(); ++i) {
     ParameterSet* ps = layers_[i]->parameters();
     if (!ps) continue;
-    if (packed == nullptr) {
-      ps->pack_projections(device);
-      continue;
-    }
     ps->pack_projections(device, [&](const Parameter& p, int64_t floats) {
-      Tensor found = (*packed)(parameter_key(nodes[i].name, p.name), p.value.size(0),
-                               p.value.size(1), floats);
-      adopted = adopted || found.defined();
-      return found;
+      return find(parameter_key(nodes[i].name, p.name), p.value.size(0), p.value.size(1), floats);
     });
   }
+  for_each_tied_projection([&](PortPanels& slot, const Parameter& p, const std::string& key) {
+    const float* rows = p.value.data<float>();
+    if (slot.panels.defined() && slot.rows == rows) return;
+    const int64_t n = p.value.size(0), k = p.value.size(1);
+    slot.rows = rows;
+    slot.panels = find(key, n, k, projection_panel_floats(device, n, k));
+    if (slot.panels.defined()) return;
+    slot.panels = pack_projection_panels(device, rows, n, k);
+    // The owner reads a few rows of it (an embedding's lookups): the rest need not stay mapped.
+    if (p.value.file_mapped()) release_file_pages(rows, p.value.nbytes());
+  });
   panel_bytes_ = held + more;
   if (adopted) drop_unread_checkpoint_pages();
 }
@@ -465,6 +515,11 @@ std::vector<PackedProjection> Model::packed_projections() const {
         if (p.panels.defined())
           out.push_back({parameter_key(nodes[i].name, p.name), p.value.size(0), p.value.size(1),
                          &p.panels});
+  std::set<std::string> tied;  // two heads reading one tensor store it once
+  for_each_tied_projection([&](PortPanels& slot, const Parameter& p, const std::string& key) {
+    if (slot.panels.defined() && slot.rows == p.value.data<float>() && tied.insert(key).second)
+      out.push_back({key, p.value.size(0), p.value.size(1), &slot.panels});
+  });
   return out;
 }
 

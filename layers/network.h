@@ -150,6 +150,9 @@ class Model {
   // load_weights.
   void pack_projections(const PanelLookup* packed = nullptr);
   void drop_unread_checkpoint_pages() const;
+  const Parameter* tied_projection(size_t node, int port) const;
+  template <typename Fn>
+  void for_each_tied_projection(Fn&& fn) const;
 
   Network network_;
   std::vector<std::unique_ptr<OpLayer>> layers_;

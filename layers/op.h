@@ -88,9 +88,23 @@ struct StepState {
 };
 
 // An op with its parameters, ready to run.
+// A projection weight a layer reads through an input port (a tied LM head's `weight`, which is
+// another node's parameter), packed once by the model: `panels` of the tensor at `rows`.
+struct PortPanels {
+  Tensor panels;
+  const float* rows = nullptr;
+};
+
 class OpLayer {
  public:
   virtual ~OpLayer() = default;
+  // The slot for the packed panels of the projection weight read through input `port`, or null
+  // when that port takes none. Model::pack_projections fills it when the port reads a
+  // parameter; a forward uses the panels only while the port's data is still `rows`.
+  virtual PortPanels* port_panels(int port) {
+    (void)port;
+    return nullptr;
+  }
   // Null when the op has no parameters.
   virtual ParameterSet* parameters() { return nullptr; }
   const ParameterSet* parameters() const { return const_cast<OpLayer*>(this)->parameters(); }

@@ -65,6 +65,22 @@ int64_t ParameterSet::unpacked_panel_floats(const Device& device) const {
   return floats;
 }
 
+int64_t projection_panel_floats(const Device& device, int64_t n, int64_t k) {
+  const LinearKernels* lk = weight_packer(device);
+  return lk ? lk->weight_panel_floats(n, k) : 0;
+}
+
+Tensor pack_projection_panels(const Device& device, const float* w, int64_t n, int64_t k) {
+  const LinearKernels* lk = weight_packer(device);
+  if (lk == nullptr) return {};
+  const int64_t panels = (n + lk->weight_panel - 1) / lk->weight_panel;
+  Tensor packed = Tensor::empty({lk->weight_panel_floats(n, k)}, DType::F32);
+  float* dst = packed.data<float>();
+  parallel_for(0, panels, std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1)),
+               [&](int64_t q0, int64_t q1) { lk->pack_weights(n, k, w, k, q0, q1, dst); });
+  return packed;
+}
+
 std::string projection_panel_layout(const Device& device) {
   const LinearKernels* lk = weight_packer(device);
   // pack_weights' layout (core/kernels.h): panel q holds w[q * P + j][kk] at [q][kk][j], zeros
@@ -88,13 +104,8 @@ void ParameterSet::pack_projections(const Device& device,
       p.panels = std::move(found);
       continue;
     }
-    const int64_t panels = (n + lk.weight_panel - 1) / lk.weight_panel;
-    Tensor packed = Tensor::empty({lk.weight_panel_floats(n, k)}, DType::F32);
     const float* w = p.value.data<float>();
-    float* dst = packed.data<float>();
-    parallel_for(0, panels, std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1)),
-                 [&](int64_t q0, int64_t q1) { lk.pack_weights(n, k, w, k, q0, q1, dst); });
-    p.panels = std::move(packed);
+    p.panels = pack_projection_panels(device, w, n, k);
     // Only the panels are read from now on: the checkpoint's pages of the rows can go (they
     // come back from the file if something else reads them).
     if (p.value.file_mapped())

@@ -89,6 +89,11 @@ class ParameterSet {
   std::vector<Parameter> params_;
 };
 
+// Floats of w [n, k] packed in `device`'s projection kernel layout (0 when it packs nothing),
+// and the packed panels themselves (pack_weights over every panel, split over the threads).
+int64_t projection_panel_floats(const Device& device, int64_t n, int64_t k);
+Tensor pack_projection_panels(const Device& device, const float* w, int64_t n, int64_t k);
+
 // The panel layout of `device`'s projection kernel as a name ("" when it packs nothing): panels
 // made under one name are valid wherever the same name is reported (a panel cache's check).
 std::string projection_panel_layout(const Device& device);

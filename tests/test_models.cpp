@@ -121,6 +121,44 @@ BOOST_AUTO_TEST_CASE(recipes_match_pytorch) {
   }
 }
 
+// The gpt recipe's head reads tok.weight through its `weight` port: the model packs it once
+// like its own projections (panel q, step kk, column j = w[16 q + j][kk], zeros past n), lists
+// it once among the packed projections (what a panel cache stores) and counts it in its memory.
+BOOST_AUTO_TEST_CASE(tied_lm_head_is_packed_once) {
+  int checked = 0;
+  for (const ModelFixture& f : model_fixtures()) {
+    if (f.arch != "gpt") continue;
+    Model model(recipe_spec(f.arch, f.settings), std::nullopt);
+    model.load_weights(f.state, /*strict=*/true, f.name);
+    const Tensor& w = f.state.at("tok.weight");
+    const Tensor* panels = nullptr;
+    int listed = 0;
+    for (const PackedProjection& p : model.packed_projections())
+      if (p.key == "tok.weight") {
+        panels = p.panels;
+        ++listed;
+        BOOST_TEST(p.rows == w.size(0));
+        BOOST_TEST(p.cols == w.size(1));
+      }
+    BOOST_TEST_REQUIRE(listed == 1, f.name);
+    const int64_t n = w.size(0), k = w.size(1);
+    BOOST_TEST_REQUIRE(panels->numel() == (n + 15) / 16 * 16 * k);
+    const std::vector<double> rows = w.to_double_vector();
+    const float* got = panels->data<float>();
+    int64_t wrong = 0;
+    for (int64_t r = 0; r < (n + 15) / 16 * 16; ++r)
+      for (int64_t kk = 0; kk < k; ++kk)
+        wrong += got[(r / 16) * k * 16 + kk * 16 + r % 16] !=
+                 (r < n ? static_cast<float>(rows[static_cast<size_t>(r * k + kk)]) : 0.0f);
+    BOOST_TEST(wrong == 0, f.name);
+    double params = 0.0;
+    for (const auto& [name, t] : model.state_dict()) params += static_cast<double>(t.nbytes());
+    BOOST_TEST(model.memory_bytes() >= params + static_cast<double>(panels->nbytes()));
+    ++checked;
+  }
+  BOOST_TEST(checked >= 1);
+}
+
 BOOST_AUTO_TEST_CASE(gpt_refuses_ids_outside_the_vocabulary_and_long_sequences) {
   const std::vector<RecipeSetting> settings = {{"vocab_size", 11}, {"context", 6},
                                                {"d_model", 8},     {"nhead", 2},
