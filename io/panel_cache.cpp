@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"

@@ -401,13 +401,10 @@ const Parameter* Model::tied_projection(size_t node, int port) const {
   if (nv.port >= 0 || nv.producer < 0) return nullptr;  // not a parameter
   const ParameterSet* ps = layers_[static_cast<size_t>(nv.producer)]->parameters();
   const Parameter* p = ps ? ps->find(nv.parameter) : nullptr;
-  if (!p || p->value.dtype() != DType::F32 || p->value.dim() != 2 || !p->value.is_contiguous() ||
-      p->value.numel() == 0)
-    return nullptr;
-  return p;
+  return p && projection_weight_packable(p->value) ? p : nullptr;
 }
 
-// Every tied projection: (node, port, its slot, the parameter, its checkpoint key).
+// Every tied projection: fn(its slot, the parameter behind the port, the parameter's key).
 template <typename Fn>
 void Model::for_each_tied_projection(Fn&& fn) const {
   const auto& nodes = network_.nodes();
@@ -416,10 +413,7 @@ void Model::for_each_tied_projection(Fn&& fn) const {
       PortPanels* slot = layers_[i]->port_panels(static_cast<int>(port));
       if (!slot) continue;
       const Parameter* p = tied_projection(i, static_cast<int>(port));
-      if (!p) {
-        *slot = {};
-        continue;
-      }
+      if (!p) continue;
       const NetworkValue& nv = network_.values()[static_cast<size_t>(nodes[i].inputs[port])];
       fn(*slot, *p, parameter_key(nodes[static_cast<size_t>(nv.producer)].name, nv.parameter));
     }
@@ -465,10 +459,7 @@ void Model::pack_projections(const PanelLookup* packed) {
     const int64_t n = p.value.size(0), k = p.value.size(1);
     slot.rows = rows;
     slot.panels = find(key, n, k, projection_panel_floats(device, n, k));
-    if (slot.panels.defined()) return;
-    slot.panels = pack_projection_panels(device, rows, n, k);
-    // The owner reads a few rows of it (an embedding's lookups): the rest need not stay mapped.
-    if (p.value.file_mapped()) release_file_pages(rows, p.value.nbytes());
+    if (!slot.panels.defined()) slot.panels = pack_projection_panels(device, p.value);
   });
   panel_bytes_ = held + more;
   if (adopted) drop_unread_checkpoint_pages();

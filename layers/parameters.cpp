@@ -50,8 +50,7 @@ const LinearKernels* weight_packer(const Device& device) {
 }
 
 bool packable(const Parameter& p) {
-  return p.projection && !p.panels.defined() && p.value.dtype() == DType::F32 &&
-         p.value.dim() == 2 && p.value.is_contiguous() && p.value.numel() > 0;
+  return p.projection && !p.panels.defined() && projection_weight_packable(p.value);
 }
 
 }  // namespace
@@ -70,14 +69,23 @@ int64_t projection_panel_floats(const Device& device, int64_t n, int64_t k) {
   return lk ? lk->weight_panel_floats(n, k) : 0;
 }
 
-Tensor pack_projection_panels(const Device& device, const float* w, int64_t n, int64_t k) {
+bool projection_weight_packable(const Tensor& w) {
+  return w.dtype() == DType::F32 && w.dim() == 2 && w.is_contiguous() && w.numel() > 0;
+}
+
+Tensor pack_projection_panels(const Device& device, const Tensor& weight) {
   const LinearKernels* lk = weight_packer(device);
   if (lk == nullptr) return {};
+  const int64_t n = weight.size(0), k = weight.size(1);
+  const float* w = weight.data<float>();
   const int64_t panels = (n + lk->weight_panel - 1) / lk->weight_panel;
   Tensor packed = Tensor::empty({lk->weight_panel_floats(n, k)}, DType::F32);
   float* dst = packed.data<float>();
   parallel_for(0, panels, std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1)),
                [&](int64_t q0, int64_t q1) { lk->pack_weights(n, k, w, k, q0, q1, dst); });
+  // Only the panels are read from now on: the checkpoint's pages of the rows can go (they come
+  // back from the file if something else reads them, as an embedding's lookups do).
+  if (weight.file_mapped()) release_file_pages(w, weight.nbytes());
   return packed;
 }
 
@@ -104,12 +112,7 @@ void ParameterSet::pack_projections(const Device& device,
       p.panels = std::move(found);
       continue;
     }
-    const float* w = p.value.data<float>();
-    p.panels = pack_projection_panels(device, w, n, k);
-    // Only the panels are read from now on: the checkpoint's pages of the rows can go (they
-    // come back from the file if something else reads them).
-    if (p.value.file_mapped())
-      release_file_pages(w, static_cast<size_t>(n * k) * sizeof(float));
+    p.panels = pack_projection_panels(device, p.value);
   }
 }
 

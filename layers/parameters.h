@@ -89,10 +89,13 @@ class ParameterSet {
   std::vector<Parameter> params_;
 };
 
+// Whether a weight can be packed into panels: float32 [n, k], contiguous, not empty.
+bool projection_weight_packable(const Tensor& w);
 // Floats of w [n, k] packed in `device`'s projection kernel layout (0 when it packs nothing),
-// and the packed panels themselves (pack_weights over every panel, split over the threads).
+// and the packed panels of a packable weight (pack_weights over every panel, split over the
+// threads; a weight in a checkpoint's mapping then has its resident pages dropped).
 int64_t projection_panel_floats(const Device& device, int64_t n, int64_t k);
-Tensor pack_projection_panels(const Device& device, const float* w, int64_t n, int64_t k);
+Tensor pack_projection_panels(const Device& device, const Tensor& weight);
 
 // The panel layout of `device`'s projection kernel as a name ("" when it packs nothing): panels
 // made under one name are valid wherever the same name is reported (a panel cache's check).
