@@ -1219,7 +1219,7 @@ BOOST_AUTO_TEST_CASE(linear_matvec_matches_float64_and_any_split) {
 
 // The prepacked-weight kernels (a model's projections): pack_weights, then `panels` (rows
 // around every target's tile of 1-8 rows, features around the 16-feature panel and the 48-
-// feature task step, depths around the 128/256 depth blocks) and `panels_matvec` (1-4 rows),
+// feature task step, depths around the 128/256/512 depth blocks) and `panels_matvec` (1-4 rows),
 // against a float64 product on every target, strided x and y, with and without bias; x, w and
 // the panels end at an inaccessible page, y's padding stays untouched. The same product in
 // pieces (rows in ranges of 5, columns in task steps) and the x-panel kernel (`packed`) must give
@@ -1234,7 +1234,8 @@ BOOST_AUTO_TEST_CASE(linear_panels_match_float64_any_split_and_the_packed_kernel
     int64_t m, n, kk;
   };
   const Shape shapes[] = {{1, 1, 1},    {4, 17, 7},    {6, 16, 256}, {7, 48, 257},
-                          {13, 49, 130}, {50, 100, 300}, {9, 15, 129}, {3, 97, 33}};
+                          {13, 49, 130}, {50, 100, 300}, {9, 15, 129}, {3, 97, 33},
+                          {10, 64, 513}, {17, 112, 1030}};
   constexpr float kSentinel = -12345.0f;
   for_each_target("linear_panels_f32", [&] {
     Generator gen(83);
