@@ -482,17 +482,30 @@ uint64_t embedding_rows_for(const Network& net, int ids) {
 struct NodeTime {
   std::string node, op;
   double ms, flops;  // per run
+  // A linear running its reader's activation ("gelu"), or the activation's node run inside the
+  // producer named here (its time and FLOPs then count in the producer's row of the tables).
+  std::string activation, fused_into;
 };
 
 // The --profile table: ms per run summed by op kind (most first), then the 15 slowest nodes,
 // each with its share of all node time and its GFLOP/s.
-void print_profile(const std::vector<NodeTime>& nodes, uint64_t reps) {
+void print_profile(const std::vector<NodeTime>& all, uint64_t reps) {
+  std::vector<NodeTime> nodes;
+  std::map<std::string, int> fused;  // activation op -> nodes run inside their producer
+  for (NodeTime t : all) {
+    if (!t.fused_into.empty()) {
+      ++fused[t.op];
+      continue;
+    }
+    if (!t.activation.empty()) t.op += "+" + t.activation;
+    nodes.push_back(std::move(t));
+  }
   double total = 0.0;
   for (const NodeTime& t : nodes) total += t.ms;
   std::map<std::string, NodeTime> by_op;
   std::map<std::string, int> count;
   for (const NodeTime& t : nodes) {
-    NodeTime& o = by_op.try_emplace(t.op, NodeTime{t.op, t.op, 0.0, 0.0}).first->second;
+    NodeTime& o = by_op.try_emplace(t.op, NodeTime{t.op, t.op, 0.0, 0.0, "", ""}).first->second;
     o.ms += t.ms;
     o.flops += t.flops;
     ++count[t.op];
@@ -532,6 +545,9 @@ void print_profile(const std::vector<NodeTime>& nodes, uint64_t reps) {
   for (const NodeTime& o : ops) row(o.op, std::to_string(count[o.op]), numbers(o));
   row("slowest node", "op", head);
   for (const NodeTime& t : slowest) row(t.node, t.op, numbers(t));
+  for (const auto& [op, n] : fused)
+    std::cout << "  (" << n << " " << op << " node" << (n == 1 ? "" : "s")
+              << " run inside the linear before them: op+" << op << " above)\n";
 }
 
 int cmd_bench(int argc, char** argv) {
@@ -644,11 +660,29 @@ int cmd_bench(int argc, char** argv) {
     plan.run(inputs);
     plan.set_node_timing(true);
     for (uint64_t i = 0; i < reps; ++i) plan.run(inputs);
-    const auto& nodes = session.model().network().nodes();
-    for (size_t i = 0; i < nodes.size(); ++i)
-      profile.push_back({nodes[i].name, nodes[i].op->name(),
-                         plan.node_seconds()[i] * 1e3 / static_cast<double>(reps),
-                         plan.node_flops()[i]});
+    const Network& net = session.model().network();
+    const auto& nodes = net.nodes();
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      NodeTime t{nodes[i].name, nodes[i].op->name(),
+                 plan.node_seconds()[i] * 1e3 / static_cast<double>(reps), plan.node_flops()[i],
+                 "", ""};
+      if (plan.node_activations()[i] != Activation::none) {
+        t.activation = activation_name(plan.node_activations()[i]);
+        // The activation's FLOPs count where they are spent.
+        for (size_t a = i + 1; a < nodes.size(); ++a)
+          if (plan.fused_away()[a] &&
+              net.values()[static_cast<size_t>(nodes[a].inputs[0])].producer ==
+                  static_cast<int>(i))
+            t.flops += plan.node_flops()[a];
+      }
+      if (plan.fused_away()[i]) {
+        t.fused_into =
+            nodes[static_cast<size_t>(net.values()[static_cast<size_t>(nodes[i].inputs[0])].producer)]
+                .name;
+        t.flops = 0.0;
+      }
+      profile.push_back(std::move(t));
+    }
   }
 
   if (cmd.has("json")) {
@@ -664,8 +698,12 @@ int cmd_bench(int argc, char** argv) {
     j["simd_target"] = cpu_device().simd_target();
     if (cmd.has("profile")) {
       j["profile"] = nlohmann::ordered_json::array();
-      for (const NodeTime& t : profile)
-        j["profile"].push_back({{"node", t.node}, {"op", t.op}, {"ms", t.ms}, {"gflop", t.flops / 1e9}});
+      for (const NodeTime& t : profile) {
+        nlohmann::ordered_json e = {{"node", t.node}, {"op", t.op}, {"ms", t.ms}, {"gflop", t.flops / 1e9}};
+        if (!t.activation.empty()) e["activation"] = t.activation;
+        if (!t.fused_into.empty()) e["fused_into"] = t.fused_into;
+        j["profile"].push_back(std::move(e));
+      }
     }
     std::cout << j.dump() << "\n";
   } else {

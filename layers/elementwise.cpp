@@ -200,6 +200,9 @@ class UnaryMapOp : public Op {
     Args(node.args, where, op).finish();
   }
   const char* name() const override { return op_; }
+  Activation as_activation() const override {
+    return std::string_view(op_) == "relu" ? Activation::relu : Activation::none;
+  }
   std::vector<PortSpec> input_ports() const override { return {{"x"}}; }
   std::vector<std::string> output_ports() const override { return {"out"}; }
   InferResult infer(const InputTypes& in, SymbolBindings&) const override {
@@ -232,6 +235,9 @@ class GeluOp : public Op {
     tanh_ = approx == "tanh";
   }
   const char* name() const override { return "gelu"; }
+  Activation as_activation() const override {
+    return tanh_ ? Activation::gelu_tanh : Activation::gelu;
+  }
   std::vector<PortSpec> input_ports() const override { return {{"x"}}; }
   std::vector<std::string> output_ports() const override { return {"out"}; }
   InferResult infer(const InputTypes& in, SymbolBindings&) const override {

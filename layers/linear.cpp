@@ -115,6 +115,20 @@ bool small_product(int64_t rows, int64_t in_features, int64_t out_features) {
   return 2.0 * static_cast<double>(rows) * in_features * out_features < 2e6;
 }
 
+// `act` over rows [r0, r1) x columns [c0, c1) of y, in place, with the elementwise ops' kernels.
+void apply_activation_f32(const KernelTable& k, Activation act, int64_t r0, int64_t r1,
+                          int64_t c0, int64_t c1, float* y, int64_t y_stride) {
+  if (act == Activation::none || c1 <= c0) return;
+  const UnaryMapF32 relu = act == Activation::relu ? k.unary_map_f32("relu") : nullptr;
+  for (int64_t r = r0; r < r1; ++r) {
+    float* row = y + r * y_stride + c0;
+    if (relu)
+      relu(c1 - c0, row, row);
+    else
+      k.gelu_f32(c1 - c0, row, row, act == Activation::gelu_tanh);
+  }
+}
+
 // From the layer's packed weight: a few rows stream every panel once (split as the matvec
 // above); more rows run the panel GEMM in
 // tasks of row blocks of <= 240 rows (a depth block of the block's x, 240 KiB at 256 steps,
@@ -124,17 +138,20 @@ bool small_product(int64_t rows, int64_t in_features, int64_t out_features) {
 void linear_panels_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in_features,
                                int64_t out_features, const float* x, int64_t x_stride,
                                const float* panels, const float* bias, float* y,
-                               int64_t y_stride, bool one_thread) {
+                               int64_t y_stride, bool one_thread, const KernelTable& k,
+                               Activation act) {
   if (lk.panels_matvec != nullptr && rows <= lk.matvec_max_rows) {
     for_matvec_blocks(in_features, out_features, [&](int64_t n0, int64_t n1) {
       lk.panels_matvec(rows, in_features, x, x_stride, panels, out_features, n0, n1, bias, y,
                        y_stride);
+      apply_activation_f32(k, act, 0, rows, n0, std::min(n1, out_features), y, y_stride);
     });
     return;
   }
   if (one_thread) {
     lk.panels(in_features, x, x_stride, 0, rows, panels, out_features, 0, out_features, bias, y,
               y_stride);
+    apply_activation_f32(k, act, 0, rows, 0, out_features, y, y_stride);
     return;
   }
   const int64_t step = lk.panel_task_cols;
@@ -148,8 +165,9 @@ void linear_panels_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in
   parallel_for(0, row_blocks * col_blocks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r0 = (t / col_blocks) * block_rows, c0 = (t % col_blocks) * block_cols;
-      lk.panels(in_features, x, x_stride, r0, std::min(rows, r0 + block_rows), panels,
-                out_features, c0, std::min(out_features, c0 + block_cols), bias, y, y_stride);
+      const int64_t r1 = std::min(rows, r0 + block_rows), c1 = std::min(out_features, c0 + block_cols);
+      lk.panels(in_features, x, x_stride, r0, r1, panels, out_features, c0, c1, bias, y, y_stride);
+      apply_activation_f32(k, act, r0, r1, c0, c1, y, y_stride);
     }
   });
 }
@@ -166,19 +184,13 @@ int64_t linear_workspace_floats(const Device& device, int64_t rows, int64_t in_f
   return panels * lk->panel_rows * in_features;
 }
 
-void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
-                        int64_t out_features, const float* x, int64_t x_stride,
-                        ProjectionWeight weight, const float* bias, float* y, int64_t y_stride,
-                        float* workspace) {
-  if (rows <= 0 || out_features <= 0) return;
-  const KernelTable& k = device.kernels();
-  if (const LinearKernels* lk = k.linear(DType::F32);
-      weight.panels != nullptr && lk != nullptr && lk->panels != nullptr) {
-    linear_panels_forward_f32(*lk, rows, in_features, out_features, x, x_stride, weight.panels,
-                              bias, y, y_stride, small_product(rows, in_features, out_features));
-    return;
-  }
-  const float* w = weight.rows;
+namespace {
+
+// The paths that read w's rows in place (no activation: linear_forward_f32 applies it after).
+void linear_rows_forward_f32(const KernelTable& k, int64_t rows, int64_t in_features,
+                             int64_t out_features, const float* x, int64_t x_stride,
+                             const float* w, const float* bias, float* y, int64_t y_stride,
+                             float* workspace) {
   if (const LinearKernels* lk = k.linear(DType::F32);
       lk != nullptr && lk->matvec != nullptr && rows <= lk->matvec_max_rows) {
     linear_matvec_forward_f32(*lk, rows, in_features, out_features, x, x_stride, w, bias, y,
@@ -234,6 +246,31 @@ void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
   }
 }
 
+}  // namespace
+
+void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
+                        int64_t out_features, const float* x, int64_t x_stride,
+                        ProjectionWeight weight, const float* bias, float* y, int64_t y_stride,
+                        float* workspace, Activation act) {
+  if (rows <= 0 || out_features <= 0) return;
+  const KernelTable& k = device.kernels();
+  if (const LinearKernels* lk = k.linear(DType::F32);
+      weight.panels != nullptr && lk != nullptr && lk->panels != nullptr) {
+    linear_panels_forward_f32(*lk, rows, in_features, out_features, x, x_stride, weight.panels,
+                              bias, y, y_stride, small_product(rows, in_features, out_features),
+                              k, act);
+    return;
+  }
+  linear_rows_forward_f32(k, rows, in_features, out_features, x, x_stride, weight.rows, bias, y,
+                          y_stride, workspace);
+  if (act == Activation::none) return;
+  // The same rows split as the elementwise op's: by rows of >= 16384 elements.
+  const int64_t grain = std::max<int64_t>(1, int64_t{16384} / out_features);
+  parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+    apply_activation_f32(k, act, r0, r1, 0, out_features, y, y_stride);
+  });
+}
+
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
     : in_(in_features), out_(out_features), has_bias_(bias) {
   if (in_features <= 0 || out_features <= 0)
@@ -263,14 +300,15 @@ void check_linear_input(const Tensor& x, int64_t in_features, const std::string&
 
 // y = x W^T + b for a contiguous float32 x (rows of in_features), into y (rows of
 // out_features), scratch from `ws`.
-void linear_rows(const Linear& layer, const Tensor& x, Tensor& y, Workspace& ws) {
+void linear_rows(const Linear& layer, const Tensor& x, Tensor& y, Workspace& ws,
+                 Activation act = Activation::none) {
   const int64_t K = layer.in_features(), N = layer.out_features();
   const int64_t rows = K > 0 ? x.numel() / K : 0;
   const ParameterSet& p = layer.parameters();
   float* scratch = ws.take<float>(linear_workspace_floats(cpu_device(), rows, K, N));
   linear_forward_f32(cpu_device(), rows, K, N, rows ? x.data<float>() : nullptr, K,
                      p.projection("weight"), layer.has_bias() ? p.tensor("bias").data<float>() : nullptr,
-                     rows ? y.data<float>() : nullptr, N, scratch);
+                     rows ? y.data<float>() : nullptr, N, scratch, act);
 }
 
 }  // namespace
@@ -308,6 +346,10 @@ class LinearLayer : public OpLayer {
                Workspace& ws) const override {
     linear_rows(linear_, *in[0], *out[0], ws);
   }
+  void forward_activated(std::span<const Tensor* const> in, std::span<Tensor* const> out,
+                         Workspace& ws, Activation act) const override {
+    linear_rows(linear_, *in[0], *out[0], ws, act);
+  }
 
  private:
   Linear linear_;
@@ -337,6 +379,10 @@ class SharedWeightLinearLayer : public OpLayer {
   PortPanels* port_panels(int port) override { return port == 1 ? &tied_ : nullptr; }
   void forward(std::span<const Tensor* const> in, std::span<Tensor* const> out,
                Workspace& ws) const override {
+    forward_activated(in, out, ws, Activation::none);
+  }
+  void forward_activated(std::span<const Tensor* const> in, std::span<Tensor* const> out,
+                         Workspace& ws, Activation act) const override {
     const Tensor& x = *in[0];
     const int64_t rows = x.numel() / in_;
     const float* w = in[1]->data<float>();
@@ -346,7 +392,7 @@ class SharedWeightLinearLayer : public OpLayer {
     linear_forward_f32(cpu_device(), rows, in_, out_, rows ? x.data<float>() : nullptr, in_,
                        ProjectionWeight(w, panels),
                        bias_ ? params_.tensor("bias").data<float>() : nullptr,
-                       rows ? out[0]->data<float>() : nullptr, out_, scratch);
+                       rows ? out[0]->data<float>() : nullptr, out_, scratch, act);
   }
 
  private:
@@ -410,6 +456,7 @@ class LinearOp : public Op {
   StepRole step_role(const InputTypes&, const std::string&, std::string&) const override {
     return StepRole::per_position;
   }
+  bool applies_activation() const override { return true; }
   std::unique_ptr<OpLayer> instantiate(const InputTypes& in,
                                        std::optional<uint64_t> seed) const override {
     if (in[1])

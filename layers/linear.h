@@ -6,6 +6,7 @@
 
 #include "core/device.h"
 #include "core/tensor.h"
+#include "layers/activation.h"
 #include "layers/parameters.h"
 
 namespace tessera {
@@ -19,10 +20,12 @@ int64_t linear_workspace_floats(const Device& device, int64_t rows, int64_t in_f
 // columns contiguous. `workspace`: linear_workspace_floats(...) floats, 64-byte aligned (may be
 // null when that is 0). Work is split over the threads; allocates nothing. With w.panels (the
 // layer's packed weight, ParameterSet::pack_projections) the rows of w are never read.
+// `act` is applied to every element after the bias (the elementwise op's kernel, same bits); on
+// the packed-panel path each task's block right after the block is computed, still in L2.
 void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
                         int64_t out_features, const float* x, int64_t x_stride,
                         ProjectionWeight w, const float* bias, float* y, int64_t y_stride,
-                        float* workspace);
+                        float* workspace, Activation act = Activation::none);
 
 // nn.Linear(in_features, out_features, bias): parameters `weight` [out, in], `bias` [out].
 class Linear {

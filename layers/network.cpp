@@ -661,8 +661,11 @@ struct BufferAssignment {
 // Lifetimes: a value lives from its producer to its last consumer; network outputs to the end.
 // Greedy assignment in execution order: each output takes the smallest free buffer that holds
 // it, else the largest free one (grown), else a new one; buffers return to the free list after
-// the last consumer runs. A node's outputs never share with its inputs (those are freed after).
-BufferAssignment assign_buffers(const Network& net, const std::vector<ValueType>& types) {
+// the last consumer runs. A node's outputs never share with its inputs (those are freed after),
+// except `in_place[v] = u`: value v takes u's buffer (u's last reader is v's producer, a fused
+// activation), which then lives as long as v.
+BufferAssignment assign_buffers(const Network& net, const std::vector<ValueType>& types,
+                                const std::vector<int>& in_place) {
   const auto& nodes = net.nodes();
   const size_t n_values = types.size();
   constexpr int kForever = std::numeric_limits<int>::max();
@@ -673,6 +676,8 @@ BufferAssignment assign_buffers(const Network& net, const std::vector<ValueType>
       if (id >= 0) last_use[static_cast<size_t>(id)] = static_cast<int>(i);
   }
   for (const auto& out : net.outputs()) last_use[static_cast<size_t>(out.second)] = kForever;
+  for (size_t v = 0; v < n_values; ++v)
+    if (in_place[v] >= 0) last_use[static_cast<size_t>(in_place[v])] = -1;  // freed through v
 
   BufferAssignment a;
   a.value_buffer.assign(n_values, -1);
@@ -680,6 +685,10 @@ BufferAssignment assign_buffers(const Network& net, const std::vector<ValueType>
   std::vector<int> free_list;
   for (size_t i = 0; i < nodes.size(); ++i) {
     for (int id : nodes[i].outputs) {
+      if (const int u = in_place[static_cast<size_t>(id)]; u >= 0) {
+        a.value_buffer[static_cast<size_t>(id)] = a.value_buffer[static_cast<size_t>(u)];
+        continue;
+      }
       const int64_t need = buffer_floats(types[static_cast<size_t>(id)]);
       int best = -1;
       for (int b : free_list)
@@ -927,7 +936,38 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs,
       workspace = std::max(workspace, nodes[i].op->step_workspace_bytes(in, decode->capacity()));
   }
 
-  BufferAssignment assignment = assign_buffers(net, types_);
+  // Fusion: a linear whose output only a relu / gelu reads applies it itself, in place; the
+  // activation's node is skipped and its output shares the linear's buffer (same shape and
+  // dtype). Not across a last-position boundary, nor for an output the network returns.
+  node_activation_.assign(nodes.size(), Activation::none);
+  fused_away_.assign(nodes.size(), 0);
+  std::vector<int> in_place(n_values, -1);
+  {
+    std::vector<int> readers(n_values, 0);
+    for (const ResolvedNode& node : nodes)
+      for (int id : node.inputs)
+        if (id >= 0) ++readers[static_cast<size_t>(id)];
+    for (const auto& out : net.outputs()) ++readers[static_cast<size_t>(out.second)];
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      const Activation act = nodes[i].op->as_activation();
+      if (act == Activation::none || nodes[i].inputs.size() != 1 || nodes[i].outputs.size() != 1)
+        continue;
+      const int u = nodes[i].inputs[0];
+      if (u < 0 || readers[static_cast<size_t>(u)] != 1) continue;
+      const NetworkValue& nu = net.values()[static_cast<size_t>(u)];
+      if (nu.port != 0 || nu.producer < 0) continue;
+      const size_t j = static_cast<size_t>(nu.producer);
+      if (!nodes[j].op->applies_activation() || nodes[j].outputs.size() != 1 ||
+          node_activation_[j] != Activation::none || reads_last_position_copy(i, u) ||
+          last_position_node_[i] != last_position_node_[j] ||
+          types_[static_cast<size_t>(u)].dtype != DType::F32)
+        continue;
+      node_activation_[j] = act;
+      fused_away_[i] = 1;
+      in_place[static_cast<size_t>(nodes[i].outputs[0])] = u;
+    }
+  }
+  BufferAssignment assignment = assign_buffers(net, types_, in_place);
   std::vector<int64_t> held = assignment.capacity;
   held.insert(held.end(), copy_floats.begin(), copy_floats.end());
   check_run_memory(model, inputs, held, workspace);
@@ -1051,6 +1091,7 @@ void Plan::run_nodes(DecodeState* state) {
   const Network& net = model_->network();
   const auto& nodes = net.nodes();
   for (size_t i = 0; i < nodes.size(); ++i) {
+    if (fused_away_[i]) continue;  // its producer applied it, in the buffer they share
     const auto start = node_timing_ ? std::chrono::steady_clock::now()
                                     : std::chrono::steady_clock::time_point{};
     try {
@@ -1062,7 +1103,10 @@ void Plan::run_nodes(DecodeState* state) {
         last_position_copy_[v].copy_from(full.narrow(copy_axis_[v], len - 1, 1));
       }
       Workspace ws(workspace_.raw_data(), workspace_.nbytes());
-      if (state) {
+      if (node_activation_[i] != Activation::none) {
+        // A per_position op (applies_activation): its step is its plain forward.
+        model_->layer(i).forward_activated(node_in_[i], node_out_[i], ws, node_activation_[i]);
+      } else if (state) {
         StepState step;
         step.past = state->past_;
         step.capacity = state->capacity_;

@@ -27,6 +27,7 @@
 #include "core/tensor.h"
 #include "core/workspace.h"
 #include "io/network_file.h"
+#include "layers/activation.h"
 #include "layers/parameters.h"
 
 namespace tessera {
@@ -124,6 +125,10 @@ class OpLayer {
     (void)step;
     forward(in, out, workspace);
   }
+  // forward, then `act` over the outputs, for a layer whose op applies_activation() (the plan
+  // calls it in place of the activation's own node; a per_position op, so also for steps).
+  virtual void forward_activated(std::span<const Tensor* const> in, std::span<Tensor* const> out,
+                                 Workspace& workspace, Activation act) const;
 };
 
 // A parameterless op's layer: forward is a function of the inputs and the op's arguments.
@@ -182,6 +187,11 @@ class Op {
     why = std::string("op ") + name() + " does not run one position at a time";
     return StepRole::none;
   }
+  // Fusion (Plan): an elementwise activation says which one it is; an op whose layer can apply
+  // one to its own outputs (forward_activated) says so. A plan then runs the pair as one node
+  // where the producer's output has no other reader.
+  virtual Activation as_activation() const { return Activation::none; }
+  virtual bool applies_activation() const { return false; }
   // A cached node's cache for `batch` sequences of `capacity` positions, in floats.
   virtual int64_t cache_floats(const InputTypes& in, int64_t batch, int64_t capacity) const {
     (void)in;

@@ -98,6 +98,11 @@ constexpr OpEntry kOps[] = {
 
 }  // namespace
 
+void OpLayer::forward_activated(std::span<const Tensor* const>, std::span<Tensor* const>,
+                                Workspace&, Activation) const {
+  fail(ErrorCode::Internal, "plan", "a fused activation on a layer that does not apply one");
+}
+
 const std::vector<std::string>& op_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> n;

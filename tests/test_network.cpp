@@ -680,6 +680,89 @@ BOOST_AUTO_TEST_CASE(plan_reuses_buffers_and_never_reallocates) {
   BOOST_TEST(first == second);
 }
 
+// Fusion: a linear whose output only a relu / gelu reads applies the activation itself, in
+// place, and the activation's output shares its buffer (here g1 must survive l2 and l3 in l1's
+// buffer). The same network with every activation input also returned as an output (two
+// readers: nothing fuses) must give the same bits, on each panel path: a few rows (matvec), one
+// task (small product) and a task split (400 x 48 x 96).
+BOOST_AUTO_TEST_CASE(plan_fuses_activations_into_linears_with_the_same_bits) {
+  const auto network = [](bool expose) {
+    std::string outputs = R"("y": "y")";
+    if (expose) outputs += R"(, "h1": "l1", "h2": "l2", "h4": "l4")";
+    return R"({
+    "inputs": {"x": ["B", 48]},
+    "nodes": [{"name": "l1", "op": "linear", "args": {"out_features": 96}, "inputs": {"x": "x"}},
+              {"name": "g1", "op": "gelu", "inputs": {"x": "l1"}},
+              {"name": "l2", "op": "linear", "args": {"out_features": 96}, "inputs": {"x": "g1"}},
+              {"name": "r2", "op": "relu", "inputs": {"x": "l2"}},
+              {"name": "l3", "op": "linear", "args": {"out_features": 96}, "inputs": {"x": "r2"}},
+              {"name": "s", "op": "add", "inputs": {"a": "g1", "b": "l3"}},
+              {"name": "l4", "op": "linear", "args": {"out_features": 80, "bias": false},
+               "inputs": {"x": "s"}},
+              {"name": "g4", "op": "gelu", "args": {"approximate": "tanh"}, "inputs": {"x": "l4"}},
+              {"name": "y", "op": "add", "inputs": {"a": "g4", "b": "g4"}}],
+    "outputs": {)" + outputs + "}}";
+  };
+  {
+    // (A model's projections are packed: the rows paths are linear_forward_f32's test below.)
+    const Model fused(spec_of(network(false)), 7), plain(spec_of(network(true)), 7);
+    BOOST_TEST_REQUIRE(fused.state_dict().at("l4.weight").to_double_vector() ==
+                       plain.state_dict().at("l4.weight").to_double_vector());
+    for (const int64_t rows : {3, 100, 400}) {
+      const Tensor x = random_tensor({rows, 48}, 50 + static_cast<uint64_t>(rows));
+      Plan plan(fused, {{"x", TensorDesc{{rows, 48}, DType::F32}}});
+      Plan reference(plain, {{"x", TensorDesc{{rows, 48}, DType::F32}}});
+      const std::vector<Activation> want = {Activation::gelu, Activation::none, Activation::relu,
+                                            Activation::none, Activation::none, Activation::none,
+                                            Activation::gelu_tanh, Activation::none,
+                                            Activation::none};
+      BOOST_TEST((plan.node_activations() == want));
+      BOOST_TEST((plan.fused_away() == std::vector<char>{0, 1, 0, 1, 0, 0, 0, 1, 0}));
+      for (Activation a : reference.node_activations()) BOOST_TEST((a == Activation::none));
+      // g1 (value 2) lives in l1's (value 1) buffer.
+      BOOST_TEST(plan.value_buffers()[2] == plan.value_buffers()[1]);
+      for (int run = 0; run < 2; ++run) {  // the second run reads buffers the first left behind
+        const std::vector<double> got = plan.run({{"x", x}})[0].second.to_double_vector();
+        const std::vector<double> ref = reference.run({{"x", x}})[0].second.to_double_vector();
+        BOOST_TEST((got == ref), "rows " << rows << ": fused differs, max |diff| "
+                                         << max_abs_diff(got, ref));
+      }
+    }
+  }
+}
+
+// linear_forward_f32 with an activation equals the plain product followed by the elementwise
+// kernel, bit for bit, on the packed panels and on w's rows (matvec, one GEMM, a split by rows).
+BOOST_AUTO_TEST_CASE(linear_forward_applies_activations_as_the_elementwise_kernels) {
+  const Device& dev = cpu_device();
+  const KernelTable& kt = dev.kernels();
+  const LinearKernels& lk = *kt.linear(DType::F32);
+  constexpr int64_t K = 48, N = 100;
+  const int64_t npanels = (N + lk.weight_panel - 1) / lk.weight_panel;
+  const Tensor w = random_tensor({N, K}, 61), b = random_tensor({N}, 62);
+  Tensor panels = Tensor::empty({npanels * lk.weight_panel * K});
+  lk.pack_weights(N, K, w.data<float>(), K, 0, npanels, panels.data<float>());
+  for (const bool with_panels : {false, true})
+    for (const int64_t rows : {3, 100, 400})
+      for (const Activation act : {Activation::relu, Activation::gelu, Activation::gelu_tanh}) {
+        const Tensor x = random_tensor({rows, K}, 63 + static_cast<uint64_t>(rows));
+        Tensor y = Tensor::empty({rows, N}), ref = Tensor::empty({rows, N});
+        Tensor ws = Tensor::empty({linear_workspace_floats(dev, rows, K, N) + 1});
+        const ProjectionWeight weight(w.data<float>(), with_panels ? panels.data<float>() : nullptr);
+        linear_forward_f32(dev, rows, K, N, x.data<float>(), K, weight, b.data<float>(),
+                           y.data<float>(), N, ws.data<float>(), act);
+        linear_forward_f32(dev, rows, K, N, x.data<float>(), K, weight, b.data<float>(),
+                           ref.data<float>(), N, ws.data<float>());
+        float* r = ref.data<float>();
+        if (act == Activation::relu)
+          kt.unary_map_f32("relu")(rows * N, r, r);
+        else
+          kt.gelu_f32(rows * N, r, r, act == Activation::gelu_tanh);
+        BOOST_TEST((y.to_double_vector() == ref.to_double_vector()),
+                   activation_name(act) << " rows " << rows << (with_panels ? " panels" : " rows"));
+      }
+}
+
 BOOST_AUTO_TEST_CASE(plan_shares_unequal_buffers_by_lifetime) {
   // Widths 64, 8, 128, 8: the 64-float and 128-float values never overlap, so they share one
   // buffer grown to 128; the two 8-wide values share another.
