@@ -133,8 +133,8 @@ void apply_activation_f32(const KernelTable& k, Activation act, int64_t r0, int6
 // above); more rows run the panel GEMM in
 // tasks of row blocks of <= 240 rows (a depth block of the block's x, 240 KiB at 256 steps,
 // stays in the 512 KiB L2 of Zen 3 while its column tiles pass) x column blocks of <= 192
-// features, narrowed until there are >= 8 tasks so that two threads balance at 128 rows. The
-// split changes no result (one FMA chain per element in k order).
+// features (below). The split changes no result (one FMA chain per element in k order), so it
+// may follow the thread count.
 void linear_panels_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in_features,
                                int64_t out_features, const float* x, int64_t x_stride,
                                const float* panels, const float* bias, float* y,
@@ -157,15 +157,20 @@ void linear_panels_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in
   const int64_t step = lk.panel_task_cols;
   const int64_t row_blocks = (rows + 239) / 240;
   const int64_t block_rows = (rows + row_blocks - 1) / row_blocks;
-  const int64_t want_col_blocks = (8 + row_blocks - 1) / row_blocks;
-  const int64_t block_cols = std::clamp<int64_t>(
-      ((out_features + want_col_blocks - 1) / want_col_blocks + step - 1) / step * step, step,
-      4 * step);
-  const int64_t col_blocks = (out_features + block_cols - 1) / block_cols;
+  // Column blocks of whole tiles (`step` features), at most 4 tiles each, at least 8 tasks in
+  // all, and as many per thread: a count the threads share evenly, sizes within one tile of
+  // each other, larger and smaller interleaved. (11 blocks of 4 tiles for 2048 features at 128
+  // rows, one row block, gave one thread 6 blocks and the other 5.)
+  const int64_t tiles = (out_features + step - 1) / step;
+  const int64_t threads = std::max(1, num_threads());
+  int64_t col_blocks = std::max((8 + row_blocks - 1) / row_blocks, (tiles + 3) / 4);
+  col_blocks = std::min(tiles, (col_blocks + threads - 1) / threads * threads);
   parallel_for(0, row_blocks * col_blocks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r0 = (t / col_blocks) * block_rows, c0 = (t % col_blocks) * block_cols;
-      const int64_t r1 = std::min(rows, r0 + block_rows), c1 = std::min(out_features, c0 + block_cols);
+      const int64_t r0 = (t / col_blocks) * block_rows, cb = t % col_blocks;
+      const int64_t c0 = cb * tiles / col_blocks * step;
+      const int64_t r1 = std::min(rows, r0 + block_rows);
+      const int64_t c1 = std::min(out_features, (cb + 1) * tiles / col_blocks * step);
       lk.panels(in_features, x, x_stride, r0, r1, panels, out_features, c0, c1, bias, y, y_stride);
       apply_activation_f32(k, act, r0, r1, c0, c1, y, y_stride);
     }
