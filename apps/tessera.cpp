@@ -660,25 +660,18 @@ int cmd_bench(int argc, char** argv) {
     plan.run(inputs);
     plan.set_node_timing(true);
     for (uint64_t i = 0; i < reps; ++i) plan.run(inputs);
-    const Network& net = session.model().network();
-    const auto& nodes = net.nodes();
+    const auto& nodes = session.model().network().nodes();
     for (size_t i = 0; i < nodes.size(); ++i) {
       NodeTime t{nodes[i].name, nodes[i].op->name(),
                  plan.node_seconds()[i] * 1e3 / static_cast<double>(reps), plan.node_flops()[i],
                  "", ""};
-      if (plan.node_activations()[i] != Activation::none) {
+      if (plan.node_activations()[i] != Activation::none)
         t.activation = activation_name(plan.node_activations()[i]);
-        // The activation's FLOPs count where they are spent.
-        for (size_t a = i + 1; a < nodes.size(); ++a)
-          if (plan.fused_away()[a] &&
-              net.values()[static_cast<size_t>(nodes[a].inputs[0])].producer ==
-                  static_cast<int>(i))
-            t.flops += plan.node_flops()[a];
-      }
-      if (plan.fused_away()[i]) {
-        t.fused_into =
-            nodes[static_cast<size_t>(net.values()[static_cast<size_t>(nodes[i].inputs[0])].producer)]
-                .name;
+      if (const int producer = plan.fused_into()[i]; producer >= 0) {
+        // Its FLOPs count where they are spent (the producer runs first: already in `profile`).
+        NodeTime& p = profile[static_cast<size_t>(producer)];
+        p.flops += t.flops;
+        t.fused_into = p.node;
         t.flops = 0.0;
       }
       profile.push_back(std::move(t));

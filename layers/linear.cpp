@@ -7,6 +7,7 @@
 #include "core/random.h"
 #include "core/text.h"
 #include "layers/op_args.h"
+#include "layers/tensor_checks.h"
 
 namespace tessera {
 
@@ -269,8 +270,8 @@ void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
   linear_rows_forward_f32(k, rows, in_features, out_features, x, x_stride, weight.rows, bias, y,
                           y_stride, workspace);
   if (act == Activation::none) return;
-  // The same rows split as the elementwise op's: by rows of >= 16384 elements.
-  const int64_t grain = std::max<int64_t>(1, int64_t{16384} / out_features);
+  // Split as the elementwise ops split their work: by rows of >= kElementGrain elements.
+  const int64_t grain = std::max<int64_t>(1, kElementGrain / out_features);
   parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
     apply_activation_f32(k, act, r0, r1, 0, out_features, y, y_stride);
   });

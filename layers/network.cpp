@@ -940,7 +940,7 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs,
   // activation's node is skipped and its output shares the linear's buffer (same shape and
   // dtype). Not across a last-position boundary, nor for an output the network returns.
   node_activation_.assign(nodes.size(), Activation::none);
-  fused_away_.assign(nodes.size(), 0);
+  fused_into_.assign(nodes.size(), -1);
   std::vector<int> in_place(n_values, -1);
   {
     std::vector<int> readers(n_values, 0);
@@ -963,7 +963,7 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs,
           types_[static_cast<size_t>(u)].dtype != DType::F32)
         continue;
       node_activation_[j] = act;
-      fused_away_[i] = 1;
+      fused_into_[i] = static_cast<int>(j);
       in_place[static_cast<size_t>(nodes[i].outputs[0])] = u;
     }
   }
@@ -1091,7 +1091,7 @@ void Plan::run_nodes(DecodeState* state) {
   const Network& net = model_->network();
   const auto& nodes = net.nodes();
   for (size_t i = 0; i < nodes.size(); ++i) {
-    if (fused_away_[i]) continue;  // its producer applied it, in the buffer they share
+    if (fused_into_[i] >= 0) continue;  // its producer applied it, in the buffer they share
     const auto start = node_timing_ ? std::chrono::steady_clock::now()
                                     : std::chrono::steady_clock::time_point{};
     try {

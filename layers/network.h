@@ -265,9 +265,10 @@ class Plan {
   const std::vector<int>& value_buffers() const { return value_buffer_; }
   // Per node: the activation it applies for the node after it (a `linear` whose only reader is
   // a relu / gelu: the pair runs as one node, the activation in place in the linear's output,
-  // which the activation's output then shares), and whether it is such a fused-away node.
+  // which the activation's output then shares), and for such an activation's node the node that
+  // runs it (-1 for every other node).
   const std::vector<Activation>& node_activations() const { return node_activation_; }
-  const std::vector<char>& fused_away() const { return fused_away_; }
+  const std::vector<int>& fused_into() const { return fused_into_; }
 
  private:
   void bind_inputs(const std::map<std::string, Tensor>& inputs);
@@ -296,7 +297,7 @@ class Plan {
   // Whether `node` reads value `id` through its last-position copy.
   bool reads_last_position_copy(size_t node, int id) const;
   std::vector<Activation> node_activation_;  // per node
-  std::vector<char> fused_away_;             // per node
+  std::vector<int> fused_into_;              // per node
   std::vector<std::vector<const Tensor*>> node_in_;
   std::vector<std::vector<Tensor*>> node_out_;
   std::vector<std::pair<std::string, Tensor>> outputs_;
