@@ -473,12 +473,42 @@ void Model::pack_projections(const PanelLookup* packed) {
 // pages of every other tensor that share a window with something else are read here, then the
 // rows dropped, as packing leaves them. Only those edge windows: the interior of an embedding
 // table read row by row stays unread (gpt 124M's is 154 MB).
+// Linux 6.18 maps a large page-cache folio whole on fault-around, and a freshly written file is
+// held in folios of up to 2 MiB: touching vit_b_16's ~100 small tensors then mapped 87 MB of
+// projection rows before the final release (peak RSS 436 MB against 349, Zen 5, a checkpoint
+// just written by Python). The rows within one folio (2 MiB either side) of each window are
+// therefore dropped as soon as the window is read, so at most a few folios are mapped at once.
 void Model::drop_unread_checkpoint_pages() const {
-  constexpr uintptr_t kPage = 4096, kWindow = 65536;
+  constexpr uintptr_t kPage = 4096, kWindow = 65536, kLargestFolio = uintptr_t{2} << 20;
+  struct Range {
+    uintptr_t begin, end;
+  };
+  std::vector<Range> packed;  // the rows of every packed projection, by address
+  for (const auto& layer : layers_)
+    if (const ParameterSet* ps = layer->parameters())
+      for (const Parameter& p : ps->all())
+        if (p.panels.defined() && p.value.file_mapped() && p.value.nbytes() > 0) {
+          const auto begin = reinterpret_cast<uintptr_t>(p.value.raw_data());
+          packed.push_back({begin, begin + p.value.nbytes()});
+        }
+  std::sort(packed.begin(), packed.end(),
+            [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  // Drops the packed rows inside [lo, hi).
+  auto release_near = [&](uintptr_t lo, uintptr_t hi) {
+    auto it = std::lower_bound(packed.begin(), packed.end(), lo,
+                               [](const Range& r, uintptr_t at) { return r.end <= at; });
+    for (; it != packed.end() && it->begin < hi; ++it) {
+      const uintptr_t b = std::max(lo, it->begin), e = std::min(hi, it->end);
+      if (e > b) release_file_pages(reinterpret_cast<const void*>(b), e - b);
+    }
+  };
   volatile uint8_t sink = 0;
-  auto touch = [&](uintptr_t lo, uintptr_t hi, uintptr_t begin, uintptr_t end) {
-    for (uintptr_t at = std::max(lo, begin); at < std::min(hi, end); at = (at / kPage + 1) * kPage)
+  auto touch = [&](uintptr_t window, uintptr_t begin, uintptr_t end) {
+    for (uintptr_t at = std::max(window, begin); at < std::min(window + kWindow, end);
+         at = (at / kPage + 1) * kPage)
       sink = sink + *reinterpret_cast<const uint8_t*>(at);
+    release_near(window > kLargestFolio ? window - kLargestFolio : 0,
+                 window + kWindow + kLargestFolio);
   };
   for (const auto& layer : layers_)
     if (const ParameterSet* ps = layer->parameters())
@@ -487,14 +517,11 @@ void Model::drop_unread_checkpoint_pages() const {
           const auto begin = reinterpret_cast<uintptr_t>(p.value.raw_data());
           const uintptr_t end = begin + p.value.nbytes();
           const uintptr_t first = begin / kWindow * kWindow, last = (end - 1) / kWindow * kWindow;
-          touch(first, first + kWindow, begin, end);
-          touch(last, last + kWindow, begin, end);
+          touch(first, begin, end);
+          if (last != first) touch(last, begin, end);
         }
-  for (const auto& layer : layers_)
-    if (const ParameterSet* ps = layer->parameters())
-      for (const Parameter& p : ps->all())
-        if (p.panels.defined() && p.value.file_mapped())
-          release_file_pages(p.value.raw_data(), p.value.nbytes());
+  for (const Range& r : packed)
+    release_file_pages(reinterpret_cast<const void*>(r.begin), r.end - r.begin);
 }
 
 std::vector<PackedProjection> Model::packed_projections() const {
