@@ -177,16 +177,21 @@ HWY_INLINE V GeluErfF32(D d, V x) {
   const V half = hn::Set(d, 0.5f);
   const V t = hn::Mul(hn::Abs(x), hn::Set(d, 0.70710678118654752f));
   const V tau = hn::Div(one, hn::MulAdd(half, t, one));
-  V p = hn::Set(d, 0.17087277f);
-  p = hn::MulAdd(p, tau, hn::Set(d, -0.82215223f));
-  p = hn::MulAdd(p, tau, hn::Set(d, 1.48851587f));
-  p = hn::MulAdd(p, tau, hn::Set(d, -1.13520398f));
-  p = hn::MulAdd(p, tau, hn::Set(d, 0.27886807f));
-  p = hn::MulAdd(p, tau, hn::Set(d, -0.18628806f));
-  p = hn::MulAdd(p, tau, hn::Set(d, 0.09678418f));
-  p = hn::MulAdd(p, tau, hn::Set(d, 0.37409196f));
-  p = hn::MulAdd(p, tau, hn::Set(d, 1.00002368f));
-  p = hn::MulAdd(p, tau, hn::Set(d, -1.26551223f));
+  // P(tau) by Estrin's scheme (pairs, then powers tau^2, tau^4, tau^8): 4 dependent FMAs after
+  // tau^8 instead of Horner's 9. The whole GELU is one long dependency chain per vector (divide,
+  // P, exp), so its latency, not its op count, set the speed: Horner ran at 2.0 G values/s on
+  // Zen 5 (AVX3, 4M values), ~30 cycles per vector for ~30 ops.
+  const V tau2 = hn::Mul(tau, tau);
+  const V tau4 = hn::Mul(tau2, tau2);
+  const V tau8 = hn::Mul(tau4, tau4);
+  const V c01 = hn::MulAdd(hn::Set(d, 1.00002368f), tau, hn::Set(d, -1.26551223f));
+  const V c23 = hn::MulAdd(hn::Set(d, 0.09678418f), tau, hn::Set(d, 0.37409196f));
+  const V c45 = hn::MulAdd(hn::Set(d, 0.27886807f), tau, hn::Set(d, -0.18628806f));
+  const V c67 = hn::MulAdd(hn::Set(d, 1.48851587f), tau, hn::Set(d, -1.13520398f));
+  const V c89 = hn::MulAdd(hn::Set(d, 0.17087277f), tau, hn::Set(d, -0.82215223f));
+  const V c03 = hn::MulAdd(c23, tau2, c01);
+  const V c47 = hn::MulAdd(c67, tau2, c45);
+  const V p = hn::MulAdd(c89, tau8, hn::MulAdd(c47, tau4, c03));
   // The exponent peaks at t = 0 (3e-8, 0 up to rounding), far inside ExpF32's domain; below -87
   // (|x| > 13.2, Phi < 1e-39) ExpF32 flushes to 0.
   const V half_erfc = hn::Mul(hn::Mul(half, tau), ExpF32(d, hn::NegMulAdd(t, t, p)));
