@@ -5,6 +5,7 @@
 #include <chrono>
 #include <limits>
 #include <set>
+#include <type_traits>
 
 #include "backends/cpu/cpu_device.h"
 #include "core/allocator.h"
@@ -405,18 +406,30 @@ const Parameter* Model::tied_projection(size_t node, int port) const {
 }
 
 // Every tied projection: fn(its slot, the parameter behind the port, the parameter's key).
+template <typename Self, typename Fn>
+void Model::visit_tied_projections(Self& self, Fn&& fn) {
+  using Slot = std::conditional_t<std::is_const_v<Self>, const PortPanels&, PortPanels&>;
+  const auto& nodes = self.network_.nodes();
+  for (size_t i = 0; i < self.layers_.size(); ++i)
+    for (size_t port = 0; port < nodes[i].inputs.size(); ++port) {
+      PortPanels* slot = self.layers_[i]->port_panels(static_cast<int>(port));
+      if (!slot) continue;
+      const Parameter* p = self.tied_projection(i, static_cast<int>(port));
+      if (!p) continue;
+      const NetworkValue& nv = self.network_.values()[static_cast<size_t>(nodes[i].inputs[port])];
+      fn(static_cast<Slot>(*slot), *p,
+         parameter_key(nodes[static_cast<size_t>(nv.producer)].name, nv.parameter));
+    }
+}
+
+template <typename Fn>
+void Model::for_each_tied_projection(Fn&& fn) {
+  visit_tied_projections(*this, fn);
+}
+
 template <typename Fn>
 void Model::for_each_tied_projection(Fn&& fn) const {
-  const auto& nodes = network_.nodes();
-  for (size_t i = 0; i < layers_.size(); ++i)
-    for (size_t port = 0; port < nodes[i].inputs.size(); ++port) {
-      PortPanels* slot = layers_[i]->port_panels(static_cast<int>(port));
-      if (!slot) continue;
-      const Parameter* p = tied_projection(i, static_cast<int>(port));
-      if (!p) continue;
-      const NetworkValue& nv = network_.values()[static_cast<size_t>(nodes[i].inputs[port])];
-      fn(*slot, *p, parameter_key(nodes[static_cast<size_t>(nv.producer)].name, nv.parameter));
-    }
+  visit_tied_projections(*this, fn);
 }
 
 void Model::pack_projections(const PanelLookup* packed) {
@@ -534,7 +547,7 @@ std::vector<PackedProjection> Model::packed_projections() const {
           out.push_back({parameter_key(nodes[i].name, p.name), p.value.size(0), p.value.size(1),
                          &p.panels});
   std::set<std::string> tied;  // two heads reading one tensor store it once
-  for_each_tied_projection([&](PortPanels& slot, const Parameter& p, const std::string& key) {
+  for_each_tied_projection([&](const PortPanels& slot, const Parameter& p, const std::string& key) {
     if (slot.panels.defined() && slot.rows == p.value.data<float>() && tied.insert(key).second)
       out.push_back({key, p.value.size(0), p.value.size(1), &slot.panels});
   });

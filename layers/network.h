@@ -151,8 +151,14 @@ class Model {
   void pack_projections(const PanelLookup* packed = nullptr);
   void drop_unread_checkpoint_pages() const;
   const Parameter* tied_projection(size_t node, int port) const;
+  // fn(slot, weight, key) for every layer port that reads another node's projection weight (a
+  // tied LM head): the port's panel slot, writable only through a non-const Model.
+  template <typename Fn>
+  void for_each_tied_projection(Fn&& fn);
   template <typename Fn>
   void for_each_tied_projection(Fn&& fn) const;
+  template <typename Self, typename Fn>
+  static void visit_tied_projections(Self& self, Fn&& fn);
 
   Network network_;
   std::vector<std::unique_ptr<OpLayer>> layers_;
