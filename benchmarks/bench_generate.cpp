@@ -37,6 +37,7 @@
 #include "benchmarks/read_bandwidth.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/process_memory.h"
 #include "core/random.h"
 #include "core/tensor.h"
 #include "layers/network.h"
@@ -180,9 +181,7 @@ struct ContextRun {
 // The process's peak resident set (VmHWM), MiB. Not getrusage's ru_maxrss: Linux carries that
 // across fork and exec, so a child of a large runner reports at least the runner's peak.
 double peak_rss_mib() {
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);)
-    if (line.rfind("VmHWM:", 0) == 0) return std::atof(line.c_str() + 6) / 1024.0;  // in kB
+  if (const double bytes = process_status_bytes("VmHWM"); bytes >= 0) return bytes / (1 << 20);
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<double>(usage.ru_maxrss) / 1024.0;  // KiB on Linux

@@ -14,10 +14,12 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "backends/cpu/cpu_device.h"
 #include "core/allocator.h"
+#include "core/process_memory.h"
 #include "core/random.h"
 #include "io/network_file.h"
 #include "io/panel_cache.h"
@@ -434,18 +436,6 @@ BOOST_AUTO_TEST_CASE(panel_cache_failures_are_warnings_and_seeded_weights_stay_o
   BOOST_TEST(load_model(partial_path, std::nullopt, false, 7, dir.cache).panel_cache_hit);
 }
 
-namespace {
-
-// This process's "VmHWM" or "VmRSS" line of /proc/self/status, in bytes (-1 if absent).
-double status_bytes(const std::string& field) {
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);)
-    if (line.rfind(field + ":", 0) == 0) return 1024.0 * std::stod(line.substr(field.size() + 1));
-  return -1.0;
-}
-
-}  // namespace
-
 BOOST_AUTO_TEST_CASE(panel_cache_hit_keeps_the_peak_rss_to_the_panels) {
   // 24 linears 512 -> 512: 24 MiB of rows, each beside a 2 KiB bias read in place. Written in
   // one write(), the file sits in the page cache in large folios, which Linux 6.18 maps whole
@@ -456,26 +446,21 @@ BOOST_AUTO_TEST_CASE(panel_cache_hit_keeps_the_peak_rss_to_the_panels) {
   const CacheDir dir;
   constexpr int kLayers = 24;
   constexpr int64_t kWidth = 512;
-  std::string net = R"({"inputs": {"x": [4, 512]}, "nodes": [)";
+  nlohmann::json nodes = nlohmann::json::array();
   std::map<std::string, Tensor> weights;
+  std::string last = "x";
   for (int i = 0; i < kLayers; ++i) {
-    // Layer i is "l<100 + i>", reading the one before it (or x).
     const std::string name = std::string("l").append(std::to_string(100 + i));
-    const std::string in = i ? std::string("l").append(std::to_string(99 + i)) : std::string("x");
-    if (i) net += ", ";
-    net += R"({"name": ")";
-    net += name;
-    net += R"(", "op": "linear", "args": {"out_features": 512}, "inputs": {"x": ")";
-    net += in;
-    net += "\"}}";
+    nodes.push_back({{"name", name}, {"op", "linear"}, {"args", {{"out_features", kWidth}}},
+                     {"inputs", {{"x", last}}}});
     weights[name + ".weight"] = Tensor::full({kWidth, kWidth}, 0.001 * (i + 1));
     weights[name + ".bias"] = Tensor::full({kWidth}, 0.5);
+    last = name;
   }
-  net += R"(], "outputs": {"y": "l)";
-  net += std::to_string(99 + kLayers);
-  net += "\"}}";
+  const nlohmann::json net = {
+      {"inputs", {{"x", {4, kWidth}}}}, {"nodes", nodes}, {"outputs", {{"y", last}}}};
   const std::string net_path = (dir.root / "net.json").string();
-  std::ofstream(net_path) << net;
+  std::ofstream(net_path) << net.dump();
   const std::string weights_path = (dir.root / "wide.safetensors").string();
   const std::vector<uint8_t> bytes = serialize_safetensors(weights);
   const int fd = ::open(weights_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -491,14 +476,12 @@ BOOST_AUTO_TEST_CASE(panel_cache_hit_keeps_the_peak_rss_to_the_panels) {
       panel_bytes += static_cast<double>(p.panels->nbytes());
   }
   BOOST_TEST_REQUIRE(panel_bytes >= kLayers * kWidth * kWidth * 4.0);
-  std::ofstream clear("/proc/self/clear_refs");
-  BOOST_TEST_REQUIRE(clear.is_open());
-  clear << "5" << std::flush;  // the peak RSS (VmHWM) restarts from the current RSS
-  BOOST_TEST_REQUIRE(!clear.fail());
-  const double rss_before = status_bytes("VmRSS");
+  BOOST_TEST_REQUIRE(reset_peak_rss());  // VmHWM restarts from the current RSS
+  const double rss_before = process_status_bytes("VmRSS");
+  BOOST_TEST_REQUIRE(rss_before > 0);
   const LoadedModel second = load_model(net_path, weights_path, true, 0, dir.cache);
   BOOST_TEST_REQUIRE(second.panel_cache_hit);
-  const double grew = status_bytes("VmHWM") - rss_before;
+  const double grew = process_status_bytes("VmHWM") - rss_before;
   // The panels (mapped from the cache), the model's own few KiB, and at most two 2 MiB folios
   // of rows mapped at once around a bias: bound 8 MiB over the panels; all the rows are 24 MiB.
   BOOST_TEST(grew <= panel_bytes + 8.0 * (1 << 20),
