@@ -34,6 +34,9 @@ constexpr int64_t shifted_window_region(int64_t p, int64_t n, int64_t window, in
 // One query tile of one (batch, head) for the fused attention kernel: rows of q at positions
 // q_pos0 .. q_pos0+rows-1 against all kv_len keys, online softmax, never materialising
 // [rows, kv_len]. Row r of q/out/mask is at ptr + r*stride; key/value s at ptr + s*stride.
+// Rows of FlashAttentionTile::key_major_bias readable past the tile's (its row blocks' height).
+constexpr int64_t kKeyMajorRowAlign = 32;
+
 struct FlashAttentionTile {
   int64_t rows = 0;
   int64_t q_pos0 = 0;    // for causal: row r sees keys s <= q_pos0 + r
@@ -55,6 +58,13 @@ struct FlashAttentionTile {
   // [(2 grid_h - 1) * (2 grid_w - 1)] floats, contiguous.
   const float* rel_table = nullptr;
   int64_t grid_h = 0, grid_w = 0;
+  // Optional additive term already laid out the way the kernel holds scores, keys outside and
+  // query rows in lanes: key s, tile row r at key_major_bias[s * key_major_stride + r], for
+  // r < rows rounded up to kKeyMajorRowAlign (the padding is read, never used). Added like the
+  // mask; the attention core builds it from a relative-position table once per call when every
+  // window shares it (Swin), instead of rel_table's per-key gathers.
+  const float* key_major_bias = nullptr;
+  int64_t key_major_stride = 0;
   // Optional region ids (Swin's shifted-window mask, added like the mask): token p has region
   // id region[p], for queries p = q_pos0 + r and keys p = s; a query and a key in different
   // regions get region_penalty added (torchvision's -100).

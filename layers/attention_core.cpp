@@ -36,6 +36,46 @@ int64_t tile_scores_floats(int64_t rows, int64_t kv_len) {
   return rows * std::max<int64_t>(kv_len, 1);
 }
 
+// The fused path's relative-position bias laid out as the kernel holds scores
+// (FlashAttentionTile::key_major_bias): [heads][S][L rounded up to 32] floats, built once per
+// call. Every window of a batch of windows (Swin) shares it, so its per-key table gathers
+// (one 16-lane gather per key and row vector: a quarter of the kernel's time at 7 x 7 windows,
+// perf on Zen 5) become loads. Kept to 4 MiB: beyond that (windows of 24 x 24 and more) the
+// kernel looks the table up itself.
+int64_t key_major_rows(int64_t q_len) { return (q_len + kKeyMajorRowAlign - 1) / kKeyMajorRowAlign * kKeyMajorRowAlign; }
+
+int64_t key_major_bias_floats(const AttentionArgs& a) {
+  if (a.grid_h <= 0) return 0;
+  const int64_t floats = a.heads * a.kv_len * key_major_rows(a.q_len);
+  return floats <= (int64_t{1} << 20) ? floats : 0;
+}
+
+// bias[h][s][l] = rel_table[h][relative_position_index(l, s)] for l < L; the row padding is 0.
+void build_key_major_bias(const AttentionArgs& a, float* bias) {
+  const int64_t L = a.q_len, S = a.kv_len, Lp = key_major_rows(L);
+  parallel_for(0, a.heads * S, std::max<int64_t>(1, 4096 / Lp), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t h = i / S, s = i % S;
+      const float* table = a.rel_table + h * a.rel_head_stride;
+      float* row = bias + i * Lp;
+      // relative_position_index(l, s) stepped along l: the table row moves by 2W - 1 per grid
+      // row of l, by 1 per column (no division per element).
+      const int64_t W = a.grid_w, R = 2 * W - 1;
+      int64_t at = relative_position_index(0, s, a.grid_h, W), lx = 0;
+      for (int64_t l = 0; l < L; ++l) {
+        row[l] = table[at];
+        if (++lx == W) {
+          lx = 0;
+          at += R - (W - 1);
+        } else {
+          ++at;
+        }
+      }
+      std::fill(row + L, row + Lp, 0.0f);
+    }
+  });
+}
+
 // need_weights=false and no dropout, with a fused kernel: the flash path.
 // A region mask (AttentionArgs::region: Swin's shifted windows) goes to the kernel as region
 // ids, so shifted windows take the fused path as well: no [rows, S] scores per window and head.
@@ -70,9 +110,12 @@ void dropout_row(float* row, int64_t cols, float p, uint64_t seed, int64_t b, in
 int64_t fused_tile_max(int64_t q_len) { return std::min<int64_t>(q_len, 256); }
 
 // True when K or V is read through a row stride wider than its head (a packed projection
-// buffer): attention_fused_f32 then copies them head-major first.
+// buffer) by more than one query tile per head: attention_fused_f32 then copies them head-major
+// first. With q_len <= 256 (one tile per head at up to 2 threads) the kernel's own key-block
+// packing reads every row once and the copy would be a second pass.
 bool kv_strided(const AttentionArgs& a) {
-  return a.k_row_stride != a.head_dim || a.v_row_stride != a.v_head_dim;
+  return (a.k_row_stride != a.head_dim || a.v_row_stride != a.v_head_dim) &&
+         a.q_len > fused_tile_max(a.q_len);
 }
 
 // Copies K and V into head-major contiguous [B, H, S, d] blocks, reading whole rows in order.
@@ -117,6 +160,9 @@ void attention_fused_f32(const KernelTable& k, AttentionArgs a, const AttentionS
     a.v_head_stride = a.kv_len * a.v_head_dim;
     a.v_row_stride = a.v_head_dim;
   }
+  const bool key_major = a.rel_table != nullptr && scratch.key_major_bias != nullptr;
+  if (key_major) build_key_major_bias(a, scratch.key_major_bias);
+  const int64_t key_major_stride = key_major_rows(L);
   // Keep at least ~4 tasks per thread so causal work (uneven per tile) balances.
   const int64_t heads_total = a.batch * a.heads;
   const int64_t min_tasks = 4 * static_cast<int64_t>(num_threads());
@@ -147,7 +193,10 @@ void attention_fused_f32(const KernelTable& k, AttentionArgs a, const AttentionS
         t.mask = a.mask + b * a.mask_batch_stride + h * a.mask_head_stride + l0 * a.mask_row_stride;
         t.mask_stride = a.mask_row_stride;
       }
-      if (a.rel_table) {
+      if (key_major) {
+        t.key_major_bias = scratch.key_major_bias + h * a.kv_len * key_major_stride + l0;
+        t.key_major_stride = key_major_stride;
+      } else if (a.rel_table) {
         t.rel_table = a.rel_table + h * a.rel_head_stride;
         t.grid_h = a.grid_h;
         t.grid_w = a.grid_w;
@@ -300,6 +349,7 @@ AttentionScratch attention_scratch(const Device& device, const AttentionArgs& a,
     // The head-major K and V copy (copy_kv_head_major), then one kernel panel per worker.
     if (kv_strided(a) && a.kv_len > 0)
       s.kv_copy = ws.take<float>(a.batch * a.heads * a.kv_len * (a.head_dim + a.v_head_dim));
+    s.key_major_bias = ws.take<float>(key_major_bias_floats(a));
     const int64_t panel = k.flash_attention_scratch_floats(fused_tile_max(a.q_len), a.head_dim,
                                                            a.v_head_dim);
     s.tiles = WorkerScratch(ws, sizeof(float) * static_cast<size_t>(panel), threads);

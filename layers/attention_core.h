@@ -75,6 +75,7 @@ struct AttentionArgs {
 // and one tile per worker (the fused kernel's panel, or a scores tile and a bias tile).
 struct AttentionScratch {
   float* kv_copy = nullptr;
+  float* key_major_bias = nullptr;  // the fused path's relative-position bias, per head
   WorkerScratch tiles;
 };
 

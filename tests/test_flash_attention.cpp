@@ -66,6 +66,9 @@ struct Problem {
   std::vector<float> table;          // [(2 grid_h - 1) (2 grid_w - 1)]
   std::vector<int32_t> region;       // region ids by token position, when not empty
   float region_penalty = 0.0f;
+  // Hand the bias over as FlashAttentionTile::key_major_bias (built here from the table, its
+  // row padding NaN: read, never used) instead of the table.
+  bool key_major = false;
 
   // Strides larger than the widths, by odd amounts.
   void Shape(int64_t rows_, int64_t kv_, int64_t d_, int64_t dv_) {
@@ -196,7 +199,17 @@ std::vector<float> Run(Problem& p) {
   t.v_stride = p.v_stride;
   t.mask = p.has_mask ? p.mask.data() : nullptr;
   t.mask_stride = p.mask_stride;
-  if (p.grid_h > 0) {
+  std::vector<float> key_major;
+  if (p.grid_h > 0 && p.key_major) {
+    const int64_t stride = (p.rows + kKeyMajorRowAlign - 1) / kKeyMajorRowAlign * kKeyMajorRowAlign;
+    key_major.assign(static_cast<size_t>(std::max<int64_t>(p.kv_len, 1) * stride), kNaN);
+    for (int64_t s = 0; s < p.kv_len; ++s)
+      for (int64_t r = 0; r < p.rows; ++r)
+        key_major[static_cast<size_t>(s * stride + r)] = p.table[static_cast<size_t>(
+            relative_position_index(p.q_pos0 + r, s, p.grid_h, p.grid_w))];
+    t.key_major_bias = key_major.data();
+    t.key_major_stride = stride;
+  } else if (p.grid_h > 0) {
     t.rel_table = p.table.data();
     t.grid_h = p.grid_h;
     t.grid_w = p.grid_w;
@@ -436,6 +449,8 @@ BOOST_AUTO_TEST_CASE(relative_position_bias) {
     }
     BOOST_TEST_REQUIRE(c.q_pos0 + c.rows <= T);
     Check(p);
+    p.key_major = true;  // the same bias laid out by the caller
+    Check(p);
   }
 }
 
@@ -482,6 +497,10 @@ BOOST_AUTO_TEST_CASE(region_penalty) {
         for (int64_t s = 0; s < T; ++s) p.M(r, s) = u(rng);
     }
     Check(p);
+    if (c.bias) {
+      p.key_major = true;  // the bias laid out by the caller, as the core does for windows
+      Check(p);
+    }
   }
 }
 

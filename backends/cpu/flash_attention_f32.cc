@@ -70,6 +70,11 @@ namespace tessera::cpu::flash_detail {
 constexpr int64_t kMaxRowBlock = 32;
 constexpr int64_t kPanelRows = 256;  // a multiple of kMaxRowBlock
 constexpr int64_t kKeyBlock = 32;
+// A problem with at most this many keys whose K and V rows fit ~16 KiB of L1 (Swin's 7 x 7
+// windows: 49 keys of 32 + 32 floats) takes them as one block, read in place (one_block in
+// Panel): no key-block packing, no second pass of the online softmax.
+constexpr int64_t kMaxKeyBlock = 64;
+constexpr int64_t kOneBlockFloats = 4096;
 // Sections start on 64-byte boundaries: aligned vector loads, and no line shared by two.
 constexpr int64_t kAlignFloats = 16;
 
@@ -84,10 +89,14 @@ struct Layout {
   int64_t l = 0;           // [panel row]: running sum of exp(score - m)
   int64_t alpha = 0;       // [kMaxRowBlock]: exp(m_old - m_new) of the current row block
   int64_t scores = 0;      // [key][kMaxRowBlock]: mask, then scores, then probabilities
-  int64_t kpack = 0;       // [key][head_dim]
-  int64_t vpack = 0;       // [key][v_head_dim padded], zero padding
+  int64_t kpack = 0;       // [key][head_dim], then from VpackOffset: [key][v_head_dim padded]
   int64_t total = 0;
 };
+
+// Where the packed values start after `keys` packed keys of head_dim floats (64-byte aligned).
+constexpr int64_t VpackOffset(int64_t keys, int64_t head_dim) {
+  return RoundUp(keys * head_dim, kAlignFloats);
+}
 
 constexpr Layout MakeLayout(int64_t rows, int64_t head_dim, int64_t v_head_dim) {
   const int64_t dv_pad = RoundUp(v_head_dim, kAlignFloats);
@@ -104,9 +113,9 @@ constexpr Layout MakeLayout(int64_t rows, int64_t head_dim, int64_t v_head_dim) 
   lay.m = take(lay.panel_rows);
   lay.l = take(lay.panel_rows);
   lay.alpha = take(kMaxRowBlock);
-  lay.scores = take(kKeyBlock * kMaxRowBlock);
-  lay.kpack = take(kKeyBlock * head_dim);
-  lay.vpack = take(kKeyBlock * dv_pad);
+  lay.scores = take(kMaxKeyBlock * kMaxRowBlock);
+  // Packed keys then values: kKeyBlock of each, or one block of up to kOneBlockFloats in all.
+  lay.kpack = take(std::max(kKeyBlock * (head_dim + dv_pad), kOneBlockFloats) + kAlignFloats);
   lay.total = at;
   return lay;
 }
@@ -123,6 +132,7 @@ using DF = hn::ScalableTag<float>;
 using DI = hn::RebindToSigned<DF>;
 using VF = hn::Vec<DF>;
 using cpu::flash_detail::kKeyBlock;
+using cpu::flash_detail::kMaxKeyBlock;
 using cpu::flash_detail::Layout;
 
 // Register tiles. AVX-512 has 32 vector registers: scores 2 x 8 = 16 accumulators (+ 2 q + 8
@@ -154,41 +164,46 @@ struct BlockCtx {
   float* m;         // this block's rows
   float* l;
   float* alpha;
-  const float* kpack;  // [key][head_dim]
-  const float* vpack;  // [key][dv_pad]
+  const float* kpack;  // the key block's first key row (packed, or in place)
+  const float* vpack;  // its first value row
+  size_t k_stride;     // floats between key rows: head_dim packed, the tile's k_stride in place
+  size_t v_stride;     // between value rows: dv_pad packed, the tile's v_stride in place
   int64_t r0;          // first row of the block in the tile
   size_t nr;           // valid rows (<= rb)
   size_t rb;           // lane stride of qt and scores: kRowVecs N
   size_t dv_pad;
+  bool o_live;         // O holds this row block's sums (false before its first P.V)
 };
 
-// Scores of keys j0 .. j0 + kScoreKeys - 1 of the key block starting at s0 (those with j < nk
+// Scores of keys j0 .. j0 + KEYS - 1 of the key block starting at s0 (those with j < nk
 // stored) for the RV row vectors of the block. Adds the mask already transposed into `scores`,
-// applies the causal cut, and folds the result into the running block max bm[].
-template <size_t RV>
+// applies the causal cut, and folds the result into the running block max bm[]. KEYS is
+// kScoreKeys but for a block's last keys (49 = 6 x 8 + 1: one key, not a group of 8 of which 7
+// are thrown away).
+template <size_t RV, size_t KEYS = kScoreKeys>
 HWY_INLINE void ScoreGroup(DF d, const BlockCtx& c, int64_t s0, size_t j0, size_t nk, bool masked,
                            bool causal_cut, VF* bm) {
   const FlashAttentionTile& t = *c.t;
   const size_t N = hn::Lanes(d);
   const size_t D = static_cast<size_t>(t.head_dim);
   // Keys past nk are clamped to the last one (valid memory) and never stored.
-  const float* HWY_RESTRICT krow[kScoreKeys];
-  for (size_t jj = 0; jj < kScoreKeys; ++jj) krow[jj] = c.kpack + std::min(j0 + jj, nk - 1) * D;
-  VF acc[RV][kScoreKeys];
+  const float* HWY_RESTRICT krow[KEYS];
+  for (size_t jj = 0; jj < KEYS; ++jj) krow[jj] = c.kpack + std::min(j0 + jj, nk - 1) * c.k_stride;
+  VF acc[RV][KEYS];
   for (size_t rv = 0; rv < RV; ++rv)
-    for (size_t jj = 0; jj < kScoreKeys; ++jj) acc[rv][jj] = hn::Zero(d);
+    for (size_t jj = 0; jj < KEYS; ++jj) acc[rv][jj] = hn::Zero(d);
   const float* HWY_RESTRICT qt = c.qt;
   for (size_t dd = 0; dd < D; ++dd) {
     VF q[RV];
     for (size_t rv = 0; rv < RV; ++rv) q[rv] = hn::Load(d, qt + dd * c.rb + rv * N);
-    for (size_t jj = 0; jj < kScoreKeys; ++jj) {
+    for (size_t jj = 0; jj < KEYS; ++jj) {
       const VF kb = hn::Set(d, krow[jj][dd]);
       for (size_t rv = 0; rv < RV; ++rv) acc[rv][jj] = hn::MulAdd(q[rv], kb, acc[rv][jj]);
     }
   }
   const VF neg_inf = hn::Set(d, kNegInf);
   const VF lane = hn::Iota(d, 0.0f);
-  for (size_t jj = 0; jj < kScoreKeys && j0 + jj < nk; ++jj) {
+  for (size_t jj = 0; jj < KEYS && j0 + jj < nk; ++jj) {
     const size_t j = j0 + jj;
     float* HWY_RESTRICT row = c.scores + j * c.rb;
     for (size_t rv = 0; rv < RV; ++rv) {
@@ -210,7 +225,7 @@ HWY_INLINE void ScoreGroup(DF d, const BlockCtx& c, int64_t s0, size_t j0, size_
 }
 
 // O[r .. r+kPvRows-1][c0 N .. (c0+NV) N) = alpha O + P[:, rows]^T V[:, columns] over the nk
-// keys of the block (alpha only when `rescale`).
+// keys of the block (alpha only when `rescale`; O starts from zero before the block's first).
 template <size_t NV>
 HWY_INLINE void PvTile(DF d, const BlockCtx& c, size_t r, size_t c0, size_t nk, bool rescale) {
   const size_t N = hn::Lanes(d);
@@ -219,15 +234,15 @@ HWY_INLINE void PvTile(DF d, const BlockCtx& c, size_t r, size_t c0, size_t nk, 
   for (size_t i = 0; i < kPvRows; ++i) {
     const VF a = hn::Set(d, c.alpha[r + i]);
     for (size_t v = 0; v < NV; ++v) {
-      acc[i][v] = hn::Load(d, o + i * c.dv_pad + v * N);
-      if (rescale) acc[i][v] = hn::Mul(acc[i][v], a);
+      acc[i][v] = c.o_live ? hn::Load(d, o + i * c.dv_pad + v * N) : hn::Zero(d);
+      if (rescale && c.o_live) acc[i][v] = hn::Mul(acc[i][v], a);
     }
   }
   const float* HWY_RESTRICT p = c.scores + r;
   const float* HWY_RESTRICT vrow = c.vpack + c0 * N;
-  for (size_t j = 0; j < nk; ++j, p += c.rb, vrow += c.dv_pad) {
+  for (size_t j = 0; j < nk; ++j, p += c.rb, vrow += c.v_stride) {
     VF vv[NV];
-    for (size_t v = 0; v < NV; ++v) vv[v] = hn::Load(d, vrow + v * N);
+    for (size_t v = 0; v < NV; ++v) vv[v] = hn::LoadU(d, vrow + v * N);
     for (size_t i = 0; i < kPvRows; ++i) {
       const VF pb = hn::Set(d, p[i]);
       for (size_t v = 0; v < NV; ++v) acc[i][v] = hn::MulAdd(pb, vv[v], acc[i][v]);
@@ -258,7 +273,7 @@ HWY_INLINE bool FillAdditive(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
   // 32 int64 divisions would cost about half of the block's 2048-cycle score GEMM).
   const int64_t W = t.grid_w, R = 2 * W - 1;
   const auto qbase = [&t, W, R](int64_t q) { return (q / W + t.grid_h - 1) * R + q % W + W - 1; };
-  int64_t koff[kKeyBlock];
+  int64_t koff[kMaxKeyBlock];
   bool bias_gather = false;  // the gather's int32 indices hold every index of the table
   if (t.rel_table) {
     int64_t sy = s0 / W, sx = s0 % W;
@@ -310,7 +325,11 @@ HWY_INLINE bool FillAdditive(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
           buf[i] = i < lanes ? mbase[static_cast<int64_t>(first + i) * t.mask_stride + j] : kNegInf;
         v = hn::Load(d, buf);
       }
-      if (row_bias) {
+      if (t.key_major_bias) {
+        v = hn::Add(v, hn::LoadU(d, t.key_major_bias + (s0 + static_cast<int64_t>(j)) *
+                                                         t.key_major_stride +
+                                        c.r0 + static_cast<int64_t>(first)));
+      } else if (row_bias) {
         v = hn::Add(v, hn::LoadU(d, row_bias - koff[j]));
       } else if (t.rel_table && bias_gather) {
         v = hn::Add(v, hn::GatherIndex(d, t.rel_table,
@@ -334,20 +353,35 @@ HWY_INLINE bool FillAdditive(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
   return !hn::AllFalse(d, visible);
 }
 
-// Scores, online softmax and P.V of one row block against one (packed) key block of nk keys.
+// Scores, online softmax and P.V of one row block against one key block of nk keys. Returns
+// false when the block was skipped (every score -inf): O was not written.
 template <size_t RV>
-void RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
+bool RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
   const FlashAttentionTile& t = *c.t;
   const size_t N = hn::Lanes(d);
-  const bool masked = t.mask != nullptr || t.rel_table != nullptr || t.region != nullptr;
-  if (masked && !FillAdditive<RV>(d, c, s0, nk)) return;
+  const bool masked = t.mask != nullptr || t.rel_table != nullptr || t.region != nullptr ||
+                      t.key_major_bias != nullptr;
+  if (masked && !FillAdditive<RV>(d, c, s0, nk)) return false;
   // Row r0 (the block's first) sees keys s <= q_pos0 + r0; a block ending there needs no cut.
   const bool causal_cut = t.causal && s0 + static_cast<int64_t>(nk) - 1 > t.q_pos0 + c.r0;
 
   VF bm[RV];
   for (size_t rv = 0; rv < RV; ++rv) bm[rv] = hn::Set(d, kNegInf);
-  for (size_t j0 = 0; j0 < nk; j0 += kScoreKeys)
+  size_t j0 = 0;
+  for (; j0 + kScoreKeys <= nk; j0 += kScoreKeys)
     ScoreGroup<RV>(d, c, s0, j0, nk, masked, causal_cut, bm);
+  // The last keys: groups of 4, 2 and 1 (at most one of each; no key computed twice).
+  if constexpr (kScoreKeys > 4) {
+    if (j0 + 4 <= nk) {
+      ScoreGroup<RV, 4>(d, c, s0, j0, nk, masked, causal_cut, bm);
+      j0 += 4;
+    }
+  }
+  if (j0 + 2 <= nk) {
+    ScoreGroup<RV, 2>(d, c, s0, j0, nk, masked, causal_cut, bm);
+    j0 += 2;
+  }
+  if (j0 < nk) ScoreGroup<RV, 1>(d, c, s0, j0, nk, masked, causal_cut, bm);
 
   // m_use replaces a max of -inf (every score so far -inf) by 0, so that -inf - m_use = -inf
   // and the exp gives 0 instead of the NaN of -inf - -inf. A NaN score reaches l through its
@@ -403,6 +437,7 @@ void RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
         break;
     }
   }
+  return true;
 }
 
 // Copies keys s0 .. s0+nk-1 into kpack [key][head_dim] and vpack [key][dv_pad] (zero padded),
@@ -437,6 +472,61 @@ void PackKeyBlock(DF d, const FlashAttentionTile& t, float* HWY_RESTRICT kpack,
   }
 }
 
+// block[dd * rb + i] = scale * q[p0 + r_first + i][dd] for the rb rows of one row block (zero for
+// rows at or past np). On AVX2 and AVX-512 in 8 x 8 squares transposed in registers: element
+// by element, these stores (one float per 128-byte qt row) took ~40% of a 7 x 7 window's time
+// outside the score and P.V loops (perf, Zen 5). Same products, same bits either way.
+void TransposeQueries(const FlashAttentionTile& t, int64_t p0, int64_t np, size_t r_first,
+                      size_t rb, float* HWY_RESTRICT block) {
+  const size_t D = static_cast<size_t>(t.head_dim);
+  size_t d_done = 0;
+#if HWY_TARGET <= HWY_AVX2
+  if (rb % 8 == 0) {
+    const hn::FixedTag<float, 8> d8;
+    const hn::Repartition<double, decltype(d8)> dd;
+    using V8 = hn::Vec<decltype(d8)>;
+    const V8 scale = hn::Set(d8, t.scale);
+    d_done = D / 8 * 8;
+    for (size_t i0 = 0; i0 < rb; i0 += 8) {
+      const float* HWY_RESTRICT rows[8];
+      bool live[8];
+      for (size_t i = 0; i < 8; ++i) {
+        const int64_t r = static_cast<int64_t>(r_first + i0 + i);
+        live[i] = r < np;
+        rows[i] = t.q + (p0 + (live[i] ? r : 0)) * t.q_stride;
+      }
+      for (size_t d0 = 0; d0 < d_done; d0 += 8) {
+        V8 x[8];
+        for (size_t i = 0; i < 8; ++i)
+          x[i] = live[i] ? hn::Mul(scale, hn::LoadU(d8, rows[i] + d0)) : hn::Zero(d8);
+        // Pairs of rows interleaved by 32, then by 64 bits, then 128-bit halves exchanged.
+        V8 a[8], b[8];
+        for (size_t i = 0; i < 8; i += 2) {
+          a[i] = hn::InterleaveLower(d8, x[i], x[i + 1]);
+          a[i + 1] = hn::InterleaveUpper(d8, x[i], x[i + 1]);
+        }
+        for (size_t i = 0; i < 8; i += 4)
+          for (size_t j = 0; j < 2; ++j) {
+            const auto lo = hn::BitCast(dd, a[i + j]), hi = hn::BitCast(dd, a[i + j + 2]);
+            b[i + 2 * j] = hn::BitCast(d8, hn::InterleaveLower(dd, lo, hi));
+            b[i + 2 * j + 1] = hn::BitCast(d8, hn::InterleaveUpper(dd, lo, hi));
+          }
+        // b[k] (k < 4) holds dims k and k + 4 of rows 0-3; b[k + 4] those of rows 4-7.
+        for (size_t k = 0; k < 4; ++k) {
+          hn::Store(hn::ConcatLowerLower(d8, b[k + 4], b[k]), d8, block + (d0 + k) * rb + i0);
+          hn::Store(hn::ConcatUpperUpper(d8, b[k + 4], b[k]), d8, block + (d0 + k + 4) * rb + i0);
+        }
+      }
+    }
+  }
+#endif
+  for (size_t i = 0; i < rb && d_done < D; ++i) {
+    const int64_t r = static_cast<int64_t>(r_first + i);
+    const float* HWY_RESTRICT q = t.q + (p0 + r) * t.q_stride;
+    for (size_t dd = d_done; dd < D; ++dd) block[dd * rb + i] = r < np ? t.scale * q[dd] : 0.0f;
+  }
+}
+
 // Rows p0 .. p0+np-1 of the tile (np <= layout panel_rows).
 void Panel(const FlashAttentionTile& t, const Layout& lay, int64_t p0, int64_t np) {
   const DF d;
@@ -453,23 +543,13 @@ void Panel(const FlashAttentionTile& t, const Layout& lay, int64_t p0, int64_t n
 
   // Scaled queries, transposed per row block; rows past np are zero (finite scores, never
   // stored). The scale rounds once into q: (scale q) . k, not scale (q . k).
-  for (size_t b = 0; b < nrb; ++b) {
-    float* HWY_RESTRICT block = qt + b * D * rb;
-    for (size_t i = 0; i < rb; ++i) {
-      const int64_t r = static_cast<int64_t>(b * rb + i);
-      if (r < np) {
-        const float* HWY_RESTRICT q = t.q + (p0 + r) * t.q_stride;
-        for (size_t dd = 0; dd < D; ++dd) block[dd * rb + i] = t.scale * q[dd];
-      } else {
-        for (size_t dd = 0; dd < D; ++dd) block[dd * rb + i] = 0.0f;
-      }
-    }
-  }
+  for (size_t b = 0; b < nrb; ++b) TransposeQueries(t, p0, np, b * rb, rb, qt + b * D * rb);
   for (size_t i = 0; i < nrb * rb; i += N) {
     hn::Store(hn::Set(d, kNegInf), d, m + i);
     hn::Store(hn::Zero(d), d, l + i);
   }
-  std::memset(o, 0, nrb * rb * dv_pad * sizeof(float));
+  // O of a row block is written by its first P.V (BlockCtx::o_live), read only after.
+  bool o_live[cpu::flash_detail::kPanelRows] = {};
 
   // Keys row p0 + r sees: all kv_len, or with causal s <= q_pos0 + p0 + r.
   const auto row_limit = [&t](int64_t row) {
@@ -477,18 +557,36 @@ void Panel(const FlashAttentionTile& t, const Layout& lay, int64_t p0, int64_t n
   };
   const int64_t panel_limit = row_limit(p0 + np - 1);
 
+  // Few keys (a window): one block of them all, K and V read in place when the value rows are
+  // whole vectors. Otherwise blocks of kKeyBlock keys, packed. Decided by kv_len, not by the
+  // panel's causal limit: the blocks, hence the bits, must not depend on how rows are tiled.
+  const bool one_block =
+      t.kv_len <= kMaxKeyBlock &&
+      t.kv_len * static_cast<int64_t>(D + dv_pad) <= cpu::flash_detail::kOneBlockFloats;
+  const bool in_place = one_block && Dv % N == 0;
+  const int64_t key_block = one_block ? t.kv_len : kKeyBlock;
+
   BlockCtx c;
   c.t = &t;
   c.scores = t.scratch + lay.scores;
   c.alpha = t.scratch + lay.alpha;
-  c.kpack = t.scratch + lay.kpack;
-  c.vpack = t.scratch + lay.vpack;
+  c.k_stride = in_place ? static_cast<size_t>(t.k_stride) : D;
+  c.v_stride = in_place ? static_cast<size_t>(t.v_stride) : dv_pad;
   c.rb = rb;
   c.dv_pad = dv_pad;
-  for (int64_t s0 = 0; s0 < panel_limit; s0 += kKeyBlock) {
-    const size_t nk = static_cast<size_t>(std::min<int64_t>(kKeyBlock, panel_limit - s0));
-    const int64_t next_end = std::min<int64_t>(s0 + 2 * kKeyBlock, panel_limit);
-    PackKeyBlock(d, t, t.scratch + lay.kpack, t.scratch + lay.vpack, dv_pad, s0, nk, next_end);
+  for (int64_t s0 = 0; s0 < panel_limit; s0 += key_block) {
+    const size_t nk = static_cast<size_t>(std::min<int64_t>(key_block, panel_limit - s0));
+    if (in_place) {
+      c.kpack = t.k;
+      c.vpack = t.v;
+    } else {
+      const int64_t next_end = std::min<int64_t>(s0 + 2 * key_block, panel_limit);
+      float* kpack = t.scratch + lay.kpack;
+      float* vpack = kpack + cpu::flash_detail::VpackOffset(key_block, t.head_dim);
+      PackKeyBlock(d, t, kpack, vpack, dv_pad, s0, nk, next_end);
+      c.kpack = kpack;
+      c.vpack = vpack;
+    }
     for (size_t b = 0; b < nrb; ++b) {
       c.r0 = p0 + static_cast<int64_t>(b * rb);
       c.nr = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(rb), p0 + np - c.r0));
@@ -500,21 +598,24 @@ void Panel(const FlashAttentionTile& t, const Layout& lay, int64_t p0, int64_t n
       c.o = o + b * rb * dv_pad;
       c.m = m + b * rb;
       c.l = l + b * rb;
+      c.o_live = o_live[b];
       // A short last block works on as many row vectors as it has rows for.
+      bool ran = false;
       switch ((c.nr + N - 1) / N) {
         case 1:
-          RowBlockStep<1>(d, c, s0, nk_b);
+          ran = RowBlockStep<1>(d, c, s0, nk_b);
           break;
         case 2:
-          if constexpr (kRowVecs >= 2) RowBlockStep<2>(d, c, s0, nk_b);
+          if constexpr (kRowVecs >= 2) ran = RowBlockStep<2>(d, c, s0, nk_b);
           break;
         case 3:
-          if constexpr (kRowVecs >= 3) RowBlockStep<3>(d, c, s0, nk_b);
+          if constexpr (kRowVecs >= 3) ran = RowBlockStep<3>(d, c, s0, nk_b);
           break;
         default:
-          if constexpr (kRowVecs >= 4) RowBlockStep<4>(d, c, s0, nk_b);
+          if constexpr (kRowVecs >= 4) ran = RowBlockStep<4>(d, c, s0, nk_b);
           break;
       }
+      o_live[b] = o_live[b] || ran;
     }
   }
 
