@@ -151,6 +151,18 @@ constexpr size_t kPvVecs = 2;
 static_assert(kRowVecs * hn::MaxLanes(DF()) <= cpu::flash_detail::kMaxRowBlock,
               "a row block must fit the scratch layout");
 constexpr size_t kPvRows = hn::MaxLanes(DF()) >= 4 ? 4 : 1;
+// A P.V tile narrower than kPvVecs (v_head_dim 32 on AVX-512: 2 vectors) takes more rows, so
+// that it keeps as many accumulators: 4 rows x 2 vectors left 8 chains for 2 FMA pipes of
+// latency 4, with 4 broadcasts per 8 FMAs. Powers of two: they divide the row block.
+template <size_t NV>
+constexpr size_t PvRowsFor() {
+  size_t rows = kPvRows;
+  while (rows * 2 * NV <= kPvRows * kPvVecs) rows *= 2;
+  return rows;
+}
+static_assert(cpu::flash_detail::kMaxRowBlock % PvRowsFor<1>() == 0 &&
+                  (kRowVecs * hn::MaxLanes(DF())) % PvRowsFor<1>() == 0,
+              "P.V tiles divide the row block");
 static_assert(kKeyBlock % kScoreKeys == 0, "score groups tile the key block");
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -226,12 +238,12 @@ HWY_INLINE void ScoreGroup(DF d, const BlockCtx& c, int64_t s0, size_t j0, size_
 
 // O[r .. r+kPvRows-1][c0 N .. (c0+NV) N) = alpha O + P[:, rows]^T V[:, columns] over the nk
 // keys of the block (alpha only when `rescale`; O starts from zero before the block's first).
-template <size_t NV>
+template <size_t NV, size_t ROWS = PvRowsFor<NV>()>
 HWY_INLINE void PvTile(DF d, const BlockCtx& c, size_t r, size_t c0, size_t nk, bool rescale) {
   const size_t N = hn::Lanes(d);
   float* HWY_RESTRICT o = c.o + r * c.dv_pad + c0 * N;
-  VF acc[kPvRows][NV];
-  for (size_t i = 0; i < kPvRows; ++i) {
+  VF acc[ROWS][NV];
+  for (size_t i = 0; i < ROWS; ++i) {
     const VF a = hn::Set(d, c.alpha[r + i]);
     for (size_t v = 0; v < NV; ++v) {
       acc[i][v] = c.o_live ? hn::Load(d, o + i * c.dv_pad + v * N) : hn::Zero(d);
@@ -243,13 +255,22 @@ HWY_INLINE void PvTile(DF d, const BlockCtx& c, size_t r, size_t c0, size_t nk, 
   for (size_t j = 0; j < nk; ++j, p += c.rb, vrow += c.v_stride) {
     VF vv[NV];
     for (size_t v = 0; v < NV; ++v) vv[v] = hn::LoadU(d, vrow + v * N);
-    for (size_t i = 0; i < kPvRows; ++i) {
+    for (size_t i = 0; i < ROWS; ++i) {
       const VF pb = hn::Set(d, p[i]);
       for (size_t v = 0; v < NV; ++v) acc[i][v] = hn::MulAdd(pb, vv[v], acc[i][v]);
     }
   }
-  for (size_t i = 0; i < kPvRows; ++i)
+  for (size_t i = 0; i < ROWS; ++i)
     for (size_t v = 0; v < NV; ++v) hn::Store(acc[i][v], d, o + i * c.dv_pad + v * N);
+}
+
+// P.V over columns c0 N .. (c0 + NV) N of every row of the block, in tiles of PvRowsFor<NV>
+// rows. Rows past nr (up to the tile height) hold finite garbage that is never stored.
+template <size_t NV>
+HWY_INLINE void PvColumns(DF d, const BlockCtx& c, size_t c0, size_t nk, bool rescale) {
+  constexpr size_t kRows = PvRowsFor<NV>();
+  const size_t pv_rows = (c.nr + kRows - 1) / kRows * kRows;
+  for (size_t r = 0; r < pv_rows; r += kRows) PvTile<NV>(d, c, r, c0, nk, rescale);
 }
 
 // Writes the additive term of scores[j][row] for keys s0 .. s0+nk-1: mask[r0 + row][s0 + j]
@@ -417,25 +438,21 @@ bool RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
     hn::Store(hn::MulAdd(l, alpha, hn::Add(sum0, sum1)), d, c.l + rv * N);
   }
 
-  // Rows past nr (up to the tile height) hold finite garbage that is never stored.
-  const size_t pv_rows = (c.nr + kPvRows - 1) / kPvRows * kPvRows;
   const size_t dv_vecs = c.dv_pad / N;
-  for (size_t r = 0; r < pv_rows; r += kPvRows) {
-    size_t c0 = 0;
-    for (; c0 + kPvVecs <= dv_vecs; c0 += kPvVecs) PvTile<kPvVecs>(d, c, r, c0, nk, rescale);
-    switch (dv_vecs - c0) {
-      case 0:
-        break;
-      case 1:
-        PvTile<1>(d, c, r, c0, nk, rescale);
-        break;
-      case 2:
-        if constexpr (kPvVecs > 2) PvTile<2>(d, c, r, c0, nk, rescale);
-        break;
-      default:
-        if constexpr (kPvVecs > 3) PvTile<3>(d, c, r, c0, nk, rescale);
-        break;
-    }
+  size_t c0 = 0;
+  for (; c0 + kPvVecs <= dv_vecs; c0 += kPvVecs) PvColumns<kPvVecs>(d, c, c0, nk, rescale);
+  switch (dv_vecs - c0) {
+    case 0:
+      break;
+    case 1:
+      PvColumns<1>(d, c, c0, nk, rescale);
+      break;
+    case 2:
+      if constexpr (kPvVecs > 2) PvColumns<2>(d, c, c0, nk, rescale);
+      break;
+    default:
+      if constexpr (kPvVecs > 3) PvColumns<3>(d, c, c0, nk, rescale);
+      break;
   }
   return true;
 }
