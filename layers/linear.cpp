@@ -156,14 +156,19 @@ void linear_panels_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in
     return;
   }
   const int64_t step = lk.panel_task_cols;
-  const int64_t row_blocks = (rows + 239) / 240;
+  const int64_t tiles = (out_features + step - 1) / step;
+  const int64_t threads = std::max(1, num_threads());
+  int64_t row_blocks = (rows + 239) / 240;
+  // (row block, column tile) units that the threads cannot share evenly (11 tiles for 512
+  // features, one row block of 128 rows: 6 against 5 at best on two threads) are split once
+  // more by rows, while a block keeps at least 32 rows.
+  if ((row_blocks * tiles) % threads != 0 && rows / (row_blocks + 1) >= 32)
+    ++row_blocks;
   const int64_t block_rows = (rows + row_blocks - 1) / row_blocks;
   // Column blocks of whole tiles (`step` features), at most 4 tiles each, at least 8 tasks in
   // all, and as many per thread: a count the threads share evenly, sizes within one tile of
   // each other, larger and smaller interleaved. (11 blocks of 4 tiles for 2048 features at 128
   // rows, one row block, gave one thread 6 blocks and the other 5.)
-  const int64_t tiles = (out_features + step - 1) / step;
-  const int64_t threads = std::max(1, num_threads());
   int64_t col_blocks = std::max((8 + row_blocks - 1) / row_blocks, (tiles + 3) / 4);
   col_blocks = std::min(tiles, (col_blocks + threads - 1) / threads * threads);
   parallel_for(0, row_blocks * col_blocks, 1, [&](int64_t t0, int64_t t1) {
