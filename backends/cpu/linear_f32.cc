@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "backends/cpu/cpu_kernels.h"
 #include "core/simd_tail-inl.h"
@@ -236,24 +237,27 @@ static_assert(cpu::kLinearPanelTaskCols % kTileCols == 0, "tasks are whole tiles
 // One tile over depth kk = 0 .. kc - 1 (x and wp already offset to the block): y[r][c] (+)=
 // sum x[r][kk] wp[c][kk] for `rows` rows and `cols` columns (<= the tile's), then + bias[c] when
 // bias is given (the last block). Partial tiles compute on clamped rows and panels and store
-// only what is theirs.
-void PanelTile(const float* x, int64_t ldx, const float* wp, int64_t panel_stride, size_t kc,
-               size_t rows, size_t cols, bool first, const float* bias, float* y, int64_t ldy) {
+// only what is theirs. ROWS: the tile's height, kTileRows but for a task's last rows
+// (PanelTile below).
+template <size_t ROWS>
+void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_stride, size_t kc,
+                   size_t rows, size_t cols, bool first, const float* bias, float* y,
+                   int64_t ldy) {
   const DF d;
   const size_t panels = (cols + kWeightPanel - 1) / kWeightPanel;
-  const float* xr[kTileRows];
-  for (size_t r = 0; r < kTileRows; ++r)
+  const float* xr[ROWS];
+  for (size_t r = 0; r < ROWS; ++r)
     xr[r] = x + static_cast<int64_t>(std::min(r, rows - 1)) * ldx;
   const float* wq[kTilePanels];
   for (size_t q = 0; q < kTilePanels; ++q)
     wq[q] = wp + static_cast<int64_t>(std::min(q, panels - 1)) * panel_stride;
-  const bool full = rows == kTileRows && cols == kTileCols;
-  HWY_ALIGN float edge[kTileRows][kTileCols];
+  const bool full = rows == ROWS && cols == kTileCols;
+  HWY_ALIGN float edge[ROWS][kTileCols];
   if (!full && !first)
     for (size_t r = 0; r < rows; ++r)
       std::memcpy(edge[r], y + static_cast<int64_t>(r) * ldy, cols * sizeof(float));
-  VF acc[kTileRows][kTilePanels][kWVecs];
-  for (size_t r = 0; r < kTileRows; ++r)
+  VF acc[ROWS][kTilePanels][kWVecs];
+  for (size_t r = 0; r < ROWS; ++r)
     for (size_t q = 0; q < kTilePanels; ++q)
       for (size_t v = 0; v < kWVecs; ++v) {
         const size_t c = q * kWeightPanel + v * kLanes;
@@ -266,14 +270,14 @@ void PanelTile(const float* x, int64_t ldx, const float* wp, int64_t panel_strid
     for (size_t q = 0; q < kTilePanels; ++q)
       for (size_t v = 0; v < kWVecs; ++v)
         wv[q][v] = hn::Load(d, wq[q] + kk * kWeightPanel + v * kLanes);
-    for (size_t r = 0; r < kTileRows; ++r) {
+    for (size_t r = 0; r < ROWS; ++r) {
       const VF xb = hn::Set(d, xr[r][kk]);
       for (size_t q = 0; q < kTilePanels; ++q)
         for (size_t v = 0; v < kWVecs; ++v) acc[r][q][v] = hn::MulAdd(xb, wv[q][v], acc[r][q][v]);
     }
   }
   if (full) {
-    for (size_t r = 0; r < kTileRows; ++r)
+    for (size_t r = 0; r < ROWS; ++r)
       for (size_t q = 0; q < kTilePanels; ++q)
         for (size_t v = 0; v < kWVecs; ++v) {
           const size_t c = q * kWeightPanel + v * kLanes;
@@ -283,7 +287,7 @@ void PanelTile(const float* x, int64_t ldx, const float* wp, int64_t panel_strid
         }
     return;
   }
-  for (size_t r = 0; r < kTileRows; ++r)
+  for (size_t r = 0; r < ROWS; ++r)
     for (size_t q = 0; q < kTilePanels; ++q)
       for (size_t v = 0; v < kWVecs; ++v)
         hn::Store(acc[r][q][v], d, edge[r] + q * kWeightPanel + v * kLanes);
@@ -291,6 +295,30 @@ void PanelTile(const float* x, int64_t ldx, const float* wp, int64_t panel_strid
     float* HWY_RESTRICT out = y + static_cast<int64_t>(r) * ldy;
     for (size_t c = 0; c < cols; ++c) out[c] = bias ? edge[r][c] + bias[c] : edge[r][c];
   }
+}
+
+// A tile of `rows` <= kTileRows rows. Short ones (the last rows of a task: 49 = 6 x 8 + 1 for
+// Swin-T's last stage, where the clamped 8-row tile computed 7 rows for nothing, 12% of that
+// stage's projections) are taken as tiles of 4, 2 and 1 rows. Each element is the same FMA
+// chain whatever the tile's height, so this changes no result bit.
+void PanelTile(const float* x, int64_t ldx, const float* wp, int64_t panel_stride, size_t kc,
+               size_t rows, size_t cols, bool first, const float* bias, float* y, int64_t ldy) {
+  if (rows == kTileRows || kTileRows < 4) {
+    PanelTileRows<kTileRows>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y, ldy);
+    return;
+  }
+  size_t r = 0;
+  const auto part = [&](auto height) {
+    constexpr size_t kHeight = decltype(height)::value;
+    if (rows - r < kHeight) return;
+    PanelTileRows<kHeight>(x + static_cast<int64_t>(r) * ldx, ldx, wp, panel_stride, kc, kHeight,
+                           cols, first, bias, y + static_cast<int64_t>(r) * ldy, ldy);
+    r += kHeight;
+  };
+  if constexpr (kTileRows > 4) part(std::integral_constant<size_t, 4>());
+  part(std::integral_constant<size_t, 2>());
+  part(std::integral_constant<size_t, 1>());
+  // kTileRows 6 (AVX2): a remainder of 4 + 2 + 1 > 5 rows is never left; 8: at most 7.
 }
 
 void LinearPackWeightsF32(int64_t n, int64_t k, const float* w, int64_t ldw, int64_t q0,
