@@ -4,7 +4,12 @@
 // sgemm + bias split by rows the same way, and against the register-only FMA ceiling
 // (fma_loop-inl.h) on the same Highway target and thread count, in the same run.
 //
-//   bench_linear [--threads N] [--target NAME] [--shapes M,N,K/M,N,K...] [--reps R] [--json]
+//   bench_linear [--threads N] [--target NAME] [--shapes M,N,K/M,N,K...] [--reps R] [--cold]
+//                [--json]
+//
+// --cold: the packed way reads a different copy of its panels on every call, enough copies for
+// 96 MiB (three times an L3 of 32 MiB), so its weights come from memory as in a whole model,
+// whose weights (90-330 MB here) do not stay in the L3 between one layer's calls.
 //
 // Shapes are rows x out_features x in_features. Default: the list (ViT-B's QKV and MLP at
 // 197 tokens, Swin-T's first-stage QKV over 3136 tokens, a 512-token LM head over 8192 words)
@@ -114,7 +119,7 @@ int main(int argc, char** argv) {
   using namespace tessera;
   using namespace tessera::bench;
   int threads = 1, reps = 0;
-  bool json = false;
+  bool json = false, cold = false;
   std::string target, shapes_text =
                           "197,2304,768/197,3072,768/197,768,3072/3136,288,96/3136,96,288/"
                           "512,8192,512/128,1536,512/128,512,512/2048,2304,768/49,288,96";
@@ -130,10 +135,12 @@ int main(int argc, char** argv) {
       reps = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--json") {
       json = true;
+    } else if (a == "--cold") {
+      cold = true;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--threads N] [--target NAME] [--shapes M,N,K/...] [--reps R] "
-                   "[--json]\n",
+                   "[--cold] [--json]\n",
                    argv[0]);
       return 2;
     }
@@ -162,17 +169,24 @@ int main(int argc, char** argv) {
     // The weight packed as a model's layers hold it (ParameterSet::pack_projections).
     const LinearKernels& lk = *k.linear(DType::F32);
     const int64_t n_panels = (s.n + lk.weight_panel - 1) / lk.weight_panel;
-    std::vector<float> panel_store(static_cast<size_t>(lk.weight_panel_floats(s.n, s.k) + 16));
+    const int64_t panel_floats = (lk.weight_panel_floats(s.n, s.k) + 15) / 16 * 16;
+    const int64_t copies =
+        cold ? std::max<int64_t>(1, ((int64_t{96} << 20) / 4 + panel_floats - 1) / panel_floats) : 1;
+    std::vector<float> panel_store(static_cast<size_t>(copies * panel_floats + 16));
     float* panels = panel_store.data() +
                     (16 - reinterpret_cast<uintptr_t>(panel_store.data()) / 4 % 16) % 16;
-    lk.pack_weights(s.n, s.k, w.data(), s.k, 0, n_panels, panels);
+    for (int64_t c = 0; c < copies; ++c)
+      lk.pack_weights(s.n, s.k, w.data(), s.k, 0, n_panels, panels + c * panel_floats);
+    int64_t copy = 0;
     // Three ways, timed in turn within every rep so that the host's drift hits them alike:
     // the weight packed (what a model's projections run), the weight's rows read in place (the
     // C++ layers, tied weights), OpenBLAS the way the layer would call it without its own
     // kernels (one sgemm per row block).
     const std::vector<std::function<void()>> ways = {
         [&] {
-          linear_forward_f32(dev, s.m, s.k, s.n, x.data(), s.k, {w.data(), panels}, bias.data(),
+          const float* p = panels + copy * panel_floats;
+          copy = (copy + 1) % copies;
+          linear_forward_f32(dev, s.m, s.k, s.n, x.data(), s.k, {w.data(), p}, bias.data(),
                              y.data(), s.n, wsp);
         },
         [&] {

@@ -159,10 +159,15 @@ void linear_panels_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in
   const int64_t tiles = (out_features + step - 1) / step;
   const int64_t threads = std::max(1, num_threads());
   int64_t row_blocks = (rows + 239) / 240;
-  // (row block, column tile) units that the threads cannot share evenly (11 tiles for 512
+  // (Row block, column tile) units that the threads cannot share evenly (11 tiles for 512
   // features, one row block of 128 rows: 6 against 5 at best on two threads) are split once
-  // more by rows, while a block keeps at least 32 rows.
-  if ((row_blocks * tiles) % threads != 0 && rows / (row_blocks + 1) >= 32)
+  // more by rows, while a block keeps at least 32 rows, when the units are few (< 8 per thread)
+  // or the blocks stay tall (>= 128 rows): every row block streams the whole weight, from
+  // memory in a model, and 64-row blocks do not pay that back (bench_linear --cold, two
+  // threads: 128x2048x512, 43 tiles, 0.68-0.69 ms with two row blocks, 0.63-0.67 without;
+  // 512x512x2048 2.52-2.54 with four, 2.58-2.62 with three).
+  if ((row_blocks * tiles) % threads != 0 && rows / (row_blocks + 1) >= 32 &&
+      (row_blocks * tiles < 8 * threads || rows / (row_blocks + 1) >= 128))
     ++row_blocks;
   const int64_t block_rows = (rows + row_blocks - 1) / row_blocks;
   // Column blocks of whole tiles (`step` features), at most 4 tiles each, at least 8 tasks in
