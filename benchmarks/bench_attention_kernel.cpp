@@ -113,6 +113,24 @@ double BestSeconds(double min_ms, Fn&& fn) {
   return best;
 }
 
+// The core's scratch for `a`, sized by a counting pass and held in one aligned block.
+struct CoreScratch {
+  explicit CoreScratch(const AttentionArgs& a) {
+    Workspace counter;
+    attention_scratch(cpu_device(), a, counter);
+    const size_t bytes = (counter.peak() + 63) / 64 * 64;
+    base = std::aligned_alloc(64, std::max<size_t>(bytes, 64));
+    std::memset(base, 0, bytes);
+    Workspace ws(base, bytes);
+    scratch = attention_scratch(cpu_device(), a, ws);
+  }
+  ~CoreScratch() { std::free(base); }
+  CoreScratch(const CoreScratch&) = delete;
+  CoreScratch& operator=(const CoreScratch&) = delete;
+  void* base = nullptr;
+  AttentionScratch scratch;
+};
+
 // swin_t's window attention core at one stage (see the header): returns 0 after printing a row.
 int RunWindows(const std::vector<WindowShape>& shapes, double min_ms) {
   constexpr int64_t kWindow = 7, kShift = 3;
@@ -159,13 +177,8 @@ int RunWindows(const std::vector<WindowShape>& shapes, double min_ms) {
     a.rel_head_stride = entries;
     a.grid_h = a.grid_w = kWindow;
     if (shifted) a.region_groups = windows;
-    Workspace counter;
-    attention_scratch(cpu_device(), a, counter);
-    const size_t bytes = (counter.peak() + 63) / 64 * 64;
-    void* base = std::aligned_alloc(64, std::max<size_t>(bytes, 64));
-    std::memset(base, 0, bytes);
-    Workspace ws(base, bytes);
-    const AttentionScratch scratch = attention_scratch(cpu_device(), a, ws);
+    const CoreScratch core_scratch(a);
+    const AttentionScratch& scratch = core_scratch.scratch;
     a.q = qkv.data();
     a.k = qkv.data() + C;
     a.v = qkv.data() + 2 * C;
@@ -184,7 +197,6 @@ int RunWindows(const std::vector<WindowShape>& shapes, double min_ms) {
                 static_cast<long long>(w.map), static_cast<long long>(C),
                 static_cast<long long>(H), static_cast<long long>(windows),
                 shifted ? "yes" : "no", s * 1e3, gflops, 100.0 * gflops / peak);
-    std::free(base);
   }
   return 0;
 }
@@ -222,13 +234,8 @@ int RunCore(const std::vector<WindowShape>& shapes, double min_ms) {
     a.out_batch_stride = T * E;
     a.out_row_stride = E;
     a.out_head_stride = hd;
-    Workspace counter;
-    attention_scratch(cpu_device(), a, counter);
-    const size_t bytes = (counter.peak() + 63) / 64 * 64;
-    void* base = std::aligned_alloc(64, std::max<size_t>(bytes, 64));
-    std::memset(base, 0, bytes);
-    Workspace ws(base, bytes);
-    const AttentionScratch scratch = attention_scratch(cpu_device(), a, ws);
+    const CoreScratch core_scratch(a);
+    const AttentionScratch& scratch = core_scratch.scratch;
     a.q = qkv.data();
     a.k = qkv.data() + E;
     a.v = qkv.data() + 2 * E;
@@ -238,7 +245,6 @@ int RunCore(const std::vector<WindowShape>& shapes, double min_ms) {
     std::printf("%6lld %5lld %5lld %10.3f %10.1f %7.1f%%\n", static_cast<long long>(T),
                 static_cast<long long>(E), static_cast<long long>(H), s * 1e3, gflops,
                 100.0 * gflops / peak);
-    std::free(base);
   }
   return 0;
 }
