@@ -31,11 +31,16 @@ constexpr int64_t shifted_window_region(int64_t p, int64_t n, int64_t window, in
   return region;
 }
 
+// Rows of FlashAttentionTile::key_major_bias readable past the tile's (its row blocks' height),
+// and the row stride of a key-major bias for `rows` query rows.
+constexpr int64_t kKeyMajorRowAlign = 32;
+constexpr int64_t key_major_rows(int64_t rows) {
+  return (rows + kKeyMajorRowAlign - 1) / kKeyMajorRowAlign * kKeyMajorRowAlign;
+}
+
 // One query tile of one (batch, head) for the fused attention kernel: rows of q at positions
 // q_pos0 .. q_pos0+rows-1 against all kv_len keys, online softmax, never materialising
 // [rows, kv_len]. Row r of q/out/mask is at ptr + r*stride; key/value s at ptr + s*stride.
-// Rows of FlashAttentionTile::key_major_bias readable past the tile's (its row blocks' height).
-constexpr int64_t kKeyMajorRowAlign = 32;
 
 struct FlashAttentionTile {
   int64_t rows = 0;

@@ -42,8 +42,6 @@ int64_t tile_scores_floats(int64_t rows, int64_t kv_len) {
 // (one 16-lane gather per key and row vector: a quarter of the kernel's time at 7 x 7 windows,
 // perf on Zen 5) become loads. Kept to 4 MiB: beyond that (windows of 24 x 24 and more) the
 // kernel looks the table up itself.
-int64_t key_major_rows(int64_t q_len) { return (q_len + kKeyMajorRowAlign - 1) / kKeyMajorRowAlign * kKeyMajorRowAlign; }
-
 int64_t key_major_bias_floats(const AttentionArgs& a) {
   if (a.grid_h <= 0) return 0;
   const int64_t floats = a.heads * a.kv_len * key_major_rows(a.q_len);
@@ -113,9 +111,9 @@ int64_t fused_tile_max(int64_t q_len) { return std::min<int64_t>(q_len, 256); }
 // buffer) by more than one query tile per head: attention_fused_f32 then copies them head-major
 // first. With q_len <= 256 (one tile per head at up to 2 threads) the kernel's own key-block
 // packing reads every row once and the copy would be a second pass.
-bool kv_strided(const AttentionArgs& a) {
+bool copies_kv_head_major(const AttentionArgs& a) {
   return (a.k_row_stride != a.head_dim || a.v_row_stride != a.v_head_dim) &&
-         a.q_len > fused_tile_max(a.q_len);
+         a.q_len > fused_tile_max(a.q_len) && a.kv_len > 0;
 }
 
 // Copies K and V into head-major contiguous [B, H, S, d] blocks, reading whole rows in order.
@@ -147,7 +145,7 @@ void copy_kv_head_major(const AttentionArgs& a, float* k_out, float* v_out) {
 // never materialising [L, S]. Scratch is per chunk of tasks, sized for the largest tile.
 void attention_fused_f32(const KernelTable& k, AttentionArgs a, const AttentionScratch& scratch) {
   const int64_t L = a.q_len;
-  if (kv_strided(a) && a.kv_len > 0) {
+  if (copies_kv_head_major(a)) {
     const int64_t k_floats = a.batch * a.heads * a.kv_len * a.head_dim;
     float* kc = scratch.kv_copy;
     copy_kv_head_major(a, kc, kc + k_floats);
@@ -347,7 +345,7 @@ AttentionScratch attention_scratch(const Device& device, const AttentionArgs& a,
   const int threads = num_threads();
   if (fused_path(k, a)) {
     // The head-major K and V copy (copy_kv_head_major), then one kernel panel per worker.
-    if (kv_strided(a) && a.kv_len > 0)
+    if (copies_kv_head_major(a))
       s.kv_copy = ws.take<float>(a.batch * a.heads * a.kv_len * (a.head_dim + a.v_head_dim));
     s.key_major_bias = ws.take<float>(key_major_bias_floats(a));
     const int64_t panel = k.flash_attention_scratch_floats(fused_tile_max(a.q_len), a.head_dim,

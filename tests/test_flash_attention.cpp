@@ -201,7 +201,7 @@ std::vector<float> Run(Problem& p) {
   t.mask_stride = p.mask_stride;
   std::vector<float> key_major;
   if (p.grid_h > 0 && p.key_major) {
-    const int64_t stride = (p.rows + kKeyMajorRowAlign - 1) / kKeyMajorRowAlign * kKeyMajorRowAlign;
+    const int64_t stride = key_major_rows(p.rows);
     key_major.assign(static_cast<size_t>(std::max<int64_t>(p.kv_len, 1) * stride), kNaN);
     for (int64_t s = 0; s < p.kv_len; ++s)
       for (int64_t r = 0; r < p.rows; ++r)

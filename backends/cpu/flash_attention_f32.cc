@@ -150,6 +150,8 @@ constexpr size_t kPvVecs = 2;
 #endif
 static_assert(kRowVecs * hn::MaxLanes(DF()) <= cpu::flash_detail::kMaxRowBlock,
               "a row block must fit the scratch layout");
+static_assert(kKeyMajorRowAlign % cpu::flash_detail::kMaxRowBlock == 0,
+              "a key-major bias row covers every row block it is read for");
 constexpr size_t kPvRows = hn::MaxLanes(DF()) >= 4 ? 4 : 1;
 // A P.V tile narrower than kPvVecs (v_head_dim 32 on AVX-512: 2 vectors) takes more rows, so
 // that it keeps as many accumulators: 4 rows x 2 vectors left 8 chains for 2 FMA pipes of
