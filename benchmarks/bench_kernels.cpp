@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
+#include <string>
 #include <vector>
 
 #include "backends/cpu/cpu_device.h"
@@ -85,7 +86,16 @@ __attribute__((target("avx512f"))) double fma_peak_gflops() {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // bench_kernels [TARGET]: run on that compiled Highway target (AVX2 on an AVX-512 machine).
+  if (argc > 1) {
+    std::string available;
+    if (!tessera::restrict_simd_target(argv[1], available)) {
+      std::fprintf(stderr, "target %s is not compiled in or not supported (available: %s)\n",
+                   argv[1], available.c_str());
+      return 2;
+    }
+  }
   tessera::Device& dev = tessera::cpu_device();
   const tessera::KernelTable& k = dev.kernels();
   std::printf("tessera kernel benchmark, 1 thread, SIMD target %s\n", dev.simd_target());
@@ -121,6 +131,23 @@ int main() {
              median_time(9, [&] { k.gelu_f32(n, x.data(), y.data(), false); }));
   report_gbs("gelu_f32 tanh, 4M", row_bytes,
              median_time(9, [&] { k.gelu_f32(n, x.data(), y.data(), true); }));
+  // In place on 48K floats (192 KiB, L2): what a linear+gelu epilogue meets, a task's block of
+  // rows x 192 features just written by the GEMM. Compute-bound, unlike the 4M runs above.
+  {
+    constexpr int64_t kL2 = 48 * 1024, kPasses = 64;
+    std::vector<float> z(x.begin(), x.begin() + kL2);
+    for (const bool tanh_form : {false, true}) {
+      const Timing t = median_time(9, [&] {
+        for (int64_t p = 0; p < kPasses; ++p) {
+          std::copy(x.begin(), x.begin() + kL2, z.begin());
+          k.gelu_f32(kL2, z.data(), z.data(), tanh_form);
+        }
+      });
+      std::printf("%-44s %8.2f G values/s (%.2f ns per value, copy included)\n",
+                  tanh_form ? "gelu_f32 tanh, 48K in place (L2)" : "gelu_f32 erf, 48K in place (L2)",
+                  kL2 * kPasses / t.cpu * 1e-9, t.cpu / (kL2 * kPasses) * 1e9);
+    }
+  }
   report_gbs("add_f32 4M", 3.0 * n * sizeof(float),
              median_time(9, [&] { k.add_f32(n, x.data(), y.data(), y.data()); }));
 
