@@ -137,19 +137,24 @@ using cpu::flash_detail::Layout;
 
 // Register tiles. AVX-512 has 32 vector registers: scores 2 x 8 = 16 accumulators (+ 2 q + 8
 // broadcast k), P.V 4 x 4 = 16 accumulators (+ 4 V + 4 broadcast p); 2 x 10 and 2 x 12 score
-// tiles measured 3-9% slower. AVX2/SSE4 have 16: scores 2 x 6 and P.V 4 x 3 (12 accumulators,
-// 2-3 operands, 1 broadcast) beat 2 x 4 and 4 x 2 (8 accumulators: exactly the 2 FMA pipes x
+// tiles measured 3-9% slower. AVX2 has 16: scores 2 x 6 and P.V 4 x 3 (12 accumulators, 2-3
+// operands, 1 broadcast) beat 2 x 4 and 4 x 2 (8 accumulators: exactly the 2 FMA pipes x
 // latency 4, no slack) by 3-5% on the AVX2 core at T = 128-4096 (Zen 5, forced AVX2); 2 x 8
-// spills and lost 15%. The P.V tile's rows must divide the row block: HWY_SCALAR (1 lane, a 1-
-// or 2-row block) takes 1 row.
+// spills and lost 15%. SSE4 keeps 2 x 4 and 4 x 2: without FMA each MulAdd needs a temporary,
+// and the 12-accumulator tiles ran 10-15% slower there. The P.V tile's rows must divide the
+// row block: HWY_SCALAR (1 lane, a 1- or 2-row block) takes 1 row.
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 constexpr size_t kRowVecs = 2;
 constexpr size_t kScoreKeys = 8;
 constexpr size_t kPvVecs = 4;
-#else
+#elif HWY_TARGET == HWY_AVX2
 constexpr size_t kRowVecs = 2;
 constexpr size_t kScoreKeys = 6;
 constexpr size_t kPvVecs = 3;
+#else
+constexpr size_t kRowVecs = 2;
+constexpr size_t kScoreKeys = 4;
+constexpr size_t kPvVecs = 2;
 #endif
 static_assert(kRowVecs * hn::MaxLanes(DF()) <= cpu::flash_detail::kMaxRowBlock,
               "a row block must fit the scratch layout");
