@@ -5,89 +5,60 @@
 
 Reads the raw rows models.py wrote (benchmarks/results/*-models-*.jsonl) and prints, per run,
 model and thread count: tessera's median and its share of the probe; the ORT time the target
-asks for (1.05x for vit_b_16, 1.2x / 1.3x for swin_t on 1 / 2 threads, 1.3x for gpt and
-nn.Transformer) and the share of the probe a tessera run at that time would need; the same for
-2x PyTorch at its best thread count; and the 85%-of-peak alternative in ms. The statistics are
-the runner's: the median over rounds of each process's median call, tessera's plan FLOPs, the
-higher of the start / end probe at the row's thread count. The results files' targets sections
-say MET / NOT MET; this says how far each bar is from the FMA ceiling.
+asks for (models.ORT_TARGETS: 1.05x for vit_b_16, 1.2x / 1.3x for swin_t on 1 / 2 threads, 1.3x
+for gpt and nn.Transformer) and the share of the probe a tessera run at that time would need; the
+same for 2x PyTorch at its best thread count; and the 85%-of-peak alternative in ms. The run is
+read and aggregated by models.py's own functions (median over rounds of each process's median
+call, contended rows left out when clean ones exist, the higher of the start / end probe). The
+results files' targets sections say MET / NOT MET; this says how far each bar is from the FMA
+ceiling.
 """
-import json
-import statistics
+import os
 import sys
 from pathlib import Path
 
-
-def ort_multiple(model, threads):
-    if model == "vit_b_16":
-        return 1.05
-    if model == "swin_t":
-        return 1.2 if threads == 1 else 1.3
-    return 1.3
-
-
-def load(path):
-    rows, probes, meta = [], [], {}
-    for line in Path(path).read_text().splitlines():
-        r = json.loads(line)
-        if r.get("kind") == "row":
-            rows.append(r)
-        elif "probe" in r:
-            probes.append(r["probe"])
-        elif r.get("meta") == "start":
-            meta = r
-    return rows, probes, meta
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402  (stdlib only; its main() does not run on import)
 
 
 def report(path):
-    rows, probes, meta = load(path)
-    peak = {}
-    for p in probes:
-        for k, v in p.items():
-            peak[int(k)] = max(peak.get(int(k), 0.0), v)
-    med, flops = {}, {}
-    for r in rows:
-        if r.get("status") != "ok":
-            continue
-        med.setdefault((r["model"], r["threads"], r["runtime"]), []).append(r["median_ms"])
-        if r["runtime"] == "tessera":
-            flops[r["model"]] = r["flops"]
-    med = {k: statistics.median(v) for k, v in med.items()}
-    models = meta.get("model_list") or sorted({k[0] for k in med})
-    threads = meta.get("thread_list") or sorted({k[1] for k in med})
+    meta, _, probes, rows = models.read_run(path)
+    peak = models.probe_peaks(probes)[2]
+    res = models.agg(rows)
+    ok = {k: s for k, s in res.items() if s.get("ok")}
+    models_run = meta.get("model_list") or sorted({k[0] for k in ok})
+    threads = meta.get("thread_list") or sorted({k[1] for k in ok})
     probe_text = " / ".join(f"{peak[n]:.1f}" for n in threads if n in peak)
     print(f"## {Path(path).name} (FMA probe {probe_text} GFLOP/s on "
           f"{' / '.join(str(n) for n in threads)} threads)")
     print("model        thr  GFLOP  tessera ms (% peak)  | ORT ms  need x ORT -> ms (% peak)    "
           "| torch best ms  2x -> ms (% peak)    | 85% of peak -> ms")
-
-    def share(ms, model, n):
-        return 100.0 * flops[model] / (ms * 1e-3) / 1e9 / peak[n]
-
-    for model in models:
-        if model not in flops:
-            continue
-        torch_times = [med[(model, n, "torch")] for n in threads if (model, n, "torch") in med]
-        torch_best = min(torch_times) if torch_times else None
+    for model in models_run:
+        best = models.torch_best(res, model, threads)
         for n in threads:
-            t = med.get((model, n, "tessera"))
-            if t is None or n not in peak:
+            t = ok.get((model, n, "tessera"))
+            if t is None or not t.get("flops") or n not in peak:
                 continue
-            line = f"{model:<12} {n:>3}  {flops[model] / 1e9:5.1f}  {t:9.1f} ({share(t, model, n):3.0f}%)      |"
-            ort = med.get((model, n, "ort"))
-            if ort is not None:
-                m = ort_multiple(model, n)
-                need = ort / m
-                line += f" {ort:6.1f}  {m:.2f}x -> {need:6.1f} ({share(need, model, n):3.0f}%)   |"
+            flops = t["flops"]
+
+            def share(ms):
+                return 100.0 * flops / (ms * 1e-3) / 1e9 / peak[n]
+
+            ms = t["median_ms"]
+            line = f"{model:<12} {n:>3}  {flops / 1e9:5.1f}  {ms:9.1f} ({share(ms):3.0f}%)      |"
+            ort = ok.get((model, n, "ort"))
+            if ort is not None and model in models.ORT_TARGETS:
+                m = models.ORT_TARGETS[model][0](n)
+                need = ort["median_ms"] / m
+                line += f" {ort['median_ms']:6.1f}  {m:.2f}x -> {need:6.1f} ({share(need):3.0f}%)   |"
             else:
                 line += "      -                             |"
-            if torch_best is not None:
-                need = torch_best / 2
-                line += f" {torch_best:8.1f}      {need:7.1f} ({share(need, model, n):3.0f}%)   |"
+            if best is not None:
+                need = best[0] / 2
+                line += f" {best[0]:8.1f}      {need:7.1f} ({share(need):3.0f}%)   |"
             else:
                 line += "        -                          |"
-            ms85 = flops[model] / (0.85 * peak[n] * 1e9) * 1e3
-            line += f" {ms85:6.1f}"
+            line += f" {flops / (0.85 * peak[n] * 1e9) * 1e3:6.1f}"
             print(line)
     print()
 
