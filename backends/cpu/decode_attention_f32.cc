@@ -10,7 +10,7 @@
 // memory bandwidth, not FMAs: the loads are what the loop is shaped for.
 //
 // Scores are scale * q . k_s with q pre-multiplied by scale (as the flash kernel does it), each
-// an FMA chain over d = 0 .. head_dim-1 in order; softmax terms use ExpNonPositiveF32 (the
+// an FMA chain over d = 0 .. head_dim-1 in order; softmax terms use ExpFastF32 (the
 // flash kernel's exp, math_f32-inl.h).
 
 #undef HWY_TARGET_INCLUDE
@@ -115,12 +115,12 @@ void DecodeAttentionBlockF32(const DecodeAttentionBlock& b) {
   const VF vm = hn::Set(d, m);
   int64_t s = 0;
   for (; s + static_cast<int64_t>(N) <= n; s += static_cast<int64_t>(N))
-    hn::Store(ExpNonPositiveF32(d, hn::Sub(hn::Load(d, scores + s), vm)), d, scores + s);
+    hn::Store(ExpFastF32(d, hn::Sub(hn::Load(d, scores + s), vm)), d, scores + s);
   if (s < n) {
     HWY_ALIGN float tail[hn::MaxLanes(DF())];
     for (size_t i = 0; i < N; ++i)
       tail[i] = s + static_cast<int64_t>(i) < n ? scores[s + static_cast<int64_t>(i)] : m;
-    hn::Store(ExpNonPositiveF32(d, hn::Sub(hn::Load(d, tail), vm)), d, tail);
+    hn::Store(ExpFastF32(d, hn::Sub(hn::Load(d, tail), vm)), d, tail);
     for (int64_t i = 0; s + i < n; ++i) scores[s + i] = tail[i];
   }
   float l = 0.0f;

@@ -24,6 +24,6 @@ int64_t flash_attention_scratch_floats_cpu(int64_t rows, int64_t head_dim, int64
 
 // y[i] = e^x[i] as the kernel computes it (x <= 0; -inf -> 0, NaN -> NaN, 0 below -87.34), so
 // tests can bound its error on its own. Not a table kernel.
-void exp_nonpositive_f32(int64_t n, const float* x, float* y);
+void exp_fast_f32(int64_t n, const float* x, float* y);
 
 }  // namespace tessera::cpu

@@ -3,20 +3,26 @@
 //
 // Query rows live in vector lanes. The tile is taken in panels of up to 256 rows, each split in
 // row blocks of 2 vectors (32 rows on AVX-512) whose queries, pre-multiplied by `scale`, are
-// transposed once into scratch as qt[block][d][row]. Keys are consumed in blocks of 32; each key
-// block is copied once per panel into contiguous scratch and then serves every row block:
+// transposed once into scratch as qt[block][d][row]. Keys are consumed in blocks of 32 (30 on
+// AVX2: kTargetKeyBlock); each key block is copied once per panel into contiguous scratch and
+// then serves every row block:
 //   1. scores S[key][row] = qt . k (+ mask, + relative-position bias, causal cut). Register
 //      tile of 2 row vectors x 8 keys: per d, 2 aligned loads of qt and 8 broadcasts of k[s][d]
 //      feed 16 FMAs into 16 accumulators (AVX-512 has 32 registers: 16 accumulators + 2 q +
 //      8 k + spare). 4 row vectors x 4 keys (4 loads + 4 broadcasts per 16 FMAs) measured 3-5%
 //      slower: its 64-row S and qt blocks crowd L1.
-//   2. online softmax, elementwise across the block's keys because each vector holds 2N rows:
-//      block max, m_new = max(m, block max), alpha = exp(m - m_new), P = exp(S - m_new),
-//      l = alpha l + sum P. No horizontal reduction anywhere.
+//   2. online softmax, elementwise across the block's keys because each vector holds 2N rows,
+//      against a reference max m per row that moves only when the block max exceeds it by more
+//      than 8 (as FlashAttention-4 does): m_new = block max if so, else m; alpha = exp(m -
+//      m_new), P = exp(S - m_new) <= e^8, l = alpha l + sum P. out = O / l is the same
+//      whatever m is; P and O grow by at most e^8 = 2981, far from float overflow. No
+//      horizontal reduction anywhere.
 //   3. O[row][:] = alpha O[row][:] + sum_key P[key][row] V[key][:]. Register tile of 4 rows x 4
 //      vectors of v_head_dim: per key, 4 loads of V and 4 broadcasts of P feed 16 FMAs. The
-//      rescale is skipped while no row's max grew (alpha == 1 exactly): after the first few
-//      blocks, the common case.
+//      rescale is skipped while no row's reference max moved (alpha == 1 exactly): after the
+//      first block, nearly always. With m the running max itself, most blocks of a 32-row
+//      block still rescaled at T = 512 (one of 32 rows finding a new max is enough); the lazy
+//      reference took the core from 77% to 79% of the FMA probe there (Zen 4, AVX-512).
 // At head_dim = v_head_dim = 64 a (row block, key block) step is 2 x 2048 FMAs against 64 vector
 // exps of ~14 ops, 9 of them on the FMA pipes: ~14% extra FMA-pipe work. Measured split at
 // T = 512 (bench_attention_kernel, variants of this file): P.V runs at ~95% of the FMA probe,
@@ -41,7 +47,7 @@
 //   caller's QKV buffer is on huge pages: +15-25% at T = 4096 with madvise(MADV_HUGEPAGE).)
 //
 // Semantics (core/kernels.h, core/attention_tile.h): rows whose visible scores are all -inf,
-// and rows that see no key, get zeros; a NaN score makes its row NaN (ExpNonPositiveF32 in
+// and rows that see no key, get zeros; a NaN score makes its row NaN (ExpFastF32 in
 // math_f32-inl.h keeps NaN).
 
 #undef HWY_TARGET_INCLUDE
@@ -174,8 +180,14 @@ static_assert(cpu::flash_detail::kMaxRowBlock % PvRowsFor<1>() == 0 &&
                   (kRowVecs * hn::MaxLanes(DF())) % PvRowsFor<1>() == 0,
               "P.V tiles divide the row block");
 static_assert(kScoreKeys <= 8, "the last keys of a block take groups of 4, 2 and 1");
+// Keys per packed block: a whole number of score groups (30 on AVX2), so that no block ends in
+// a 2-key group. That group has 4 accumulators for 2 FMA pipes of latency 4 and ran at half
+// speed: 3.8% of the AVX2 core's samples at T = 4096 with blocks of 32 (Zen 4, forced AVX2).
+constexpr int64_t kTargetKeyBlock = kKeyBlock / kScoreKeys * kScoreKeys;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// How far a score may exceed its row's reference max before the reference moves (step 2 above).
+constexpr float kRescaleSlack = 8.0f;
 
 // One row block's view of the scratch for one key block.
 struct BlockCtx {
@@ -197,20 +209,19 @@ struct BlockCtx {
   bool o_live;         // O holds this row block's sums (false before its first P.V)
 };
 
-// Scores of keys j0 .. j0 + KEYS - 1 of the key block starting at s0 (those with j < nk
-// stored) for the RV row vectors of the block. Adds the mask already transposed into `scores`,
+// Scores of keys j0 .. j0 + KEYS - 1 (all of them in the block) of the key block starting at s0
+// for the RV row vectors of the block. Adds the mask already transposed into `scores`,
 // applies the causal cut, and folds the result into the running block max bm[]. KEYS is
 // kScoreKeys but for a block's last keys (49 = 6 x 8 + 1: one key, not a group of 8 of which 7
 // are thrown away).
 template <size_t RV, size_t KEYS = kScoreKeys>
-HWY_INLINE void ScoreGroup(DF d, const BlockCtx& c, int64_t s0, size_t j0, size_t nk, bool masked,
+HWY_INLINE void ScoreGroup(DF d, const BlockCtx& c, int64_t s0, size_t j0, bool masked,
                            bool causal_cut, VF* bm) {
   const FlashAttentionTile& t = *c.t;
   const size_t N = hn::Lanes(d);
   const size_t D = static_cast<size_t>(t.head_dim);
-  // Keys past nk are clamped to the last one (valid memory) and never stored.
   const float* HWY_RESTRICT krow[KEYS];
-  for (size_t jj = 0; jj < KEYS; ++jj) krow[jj] = c.kpack + std::min(j0 + jj, nk - 1) * c.k_stride;
+  for (size_t jj = 0; jj < KEYS; ++jj) krow[jj] = c.kpack + (j0 + jj) * c.k_stride;
   VF acc[RV][KEYS];
   for (size_t rv = 0; rv < RV; ++rv)
     for (size_t jj = 0; jj < KEYS; ++jj) acc[rv][jj] = hn::Zero(d);
@@ -225,7 +236,7 @@ HWY_INLINE void ScoreGroup(DF d, const BlockCtx& c, int64_t s0, size_t j0, size_
   }
   const VF neg_inf = hn::Set(d, kNegInf);
   const VF lane = hn::Iota(d, 0.0f);
-  for (size_t jj = 0; jj < KEYS && j0 + jj < nk; ++jj) {
+  for (size_t jj = 0; jj < KEYS; ++jj) {
     const size_t j = j0 + jj;
     float* HWY_RESTRICT row = c.scores + j * c.rb;
     for (size_t rv = 0; rv < RV; ++rv) {
@@ -400,30 +411,31 @@ bool RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
   for (size_t rv = 0; rv < RV; ++rv) bm[rv] = hn::Set(d, kNegInf);
   size_t j0 = 0;
   for (; j0 + kScoreKeys <= nk; j0 += kScoreKeys)
-    ScoreGroup<RV>(d, c, s0, j0, nk, masked, causal_cut, bm);
+    ScoreGroup<RV>(d, c, s0, j0, masked, causal_cut, bm);
   // The last keys: groups of 4, 2 and 1 (at most one of each; no key computed twice).
   if constexpr (kScoreKeys > 4) {
     if (j0 + 4 <= nk) {
-      ScoreGroup<RV, 4>(d, c, s0, j0, nk, masked, causal_cut, bm);
+      ScoreGroup<RV, 4>(d, c, s0, j0, masked, causal_cut, bm);
       j0 += 4;
     }
   }
   if (j0 + 2 <= nk) {
-    ScoreGroup<RV, 2>(d, c, s0, j0, nk, masked, causal_cut, bm);
+    ScoreGroup<RV, 2>(d, c, s0, j0, masked, causal_cut, bm);
     j0 += 2;
   }
-  if (j0 < nk) ScoreGroup<RV, 1>(d, c, s0, j0, nk, masked, causal_cut, bm);
+  if (j0 < nk) ScoreGroup<RV, 1>(d, c, s0, j0, masked, causal_cut, bm);
 
-  // m_use replaces a max of -inf (every score so far -inf) by 0, so that -inf - m_use = -inf
-  // and the exp gives 0 instead of the NaN of -inf - -inf. A NaN score reaches l through its
-  // exp; a NaN m reaches alpha, hence O and l. (x86 max drops a NaN first operand, so m itself
-  // need not stay NaN.)
+  // The reference max moves to the block max only past m + kRescaleSlack (always from -inf;
+  // a NaN block max never moves it). m_use replaces a reference of -inf (every score so far
+  // -inf) by 0, so that -inf - m_use = -inf and the exp gives 0 instead of the NaN of -inf -
+  // -inf. A NaN score reaches l through its exp; a NaN m reaches alpha, hence O and l.
   bool rescale = false;
+  const VF slack = hn::Set(d, kRescaleSlack);
   for (size_t rv = 0; rv < RV; ++rv) {
     const VF m_old = hn::Load(d, c.m + rv * N);
-    const VF m_new = hn::Max(m_old, bm[rv]);
+    const VF m_new = hn::IfThenElse(hn::Gt(bm[rv], hn::Add(m_old, slack)), bm[rv], m_old);
     const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(d, kNegInf)), m_new);
-    const VF alpha = ExpNonPositiveF32(d, hn::Sub(m_old, m_use));
+    const VF alpha = ExpFastF32(d, hn::Sub(m_old, m_use));
     rescale |= !hn::AllTrue(d, hn::Eq(alpha, hn::Set(d, 1.0f)));
     hn::Store(m_new, d, c.m + rv * N);
     hn::Store(alpha, d, c.alpha + rv * N);
@@ -432,15 +444,15 @@ bool RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
     float* HWY_RESTRICT p = c.scores + rv * N;
     size_t j = 0;
     for (; j + 2 <= nk; j += 2) {
-      const VF e0 = ExpNonPositiveF32(d, hn::Sub(hn::Load(d, p + j * c.rb), m_use));
-      const VF e1 = ExpNonPositiveF32(d, hn::Sub(hn::Load(d, p + (j + 1) * c.rb), m_use));
+      const VF e0 = ExpFastF32(d, hn::Sub(hn::Load(d, p + j * c.rb), m_use));
+      const VF e1 = ExpFastF32(d, hn::Sub(hn::Load(d, p + (j + 1) * c.rb), m_use));
       hn::Store(e0, d, p + j * c.rb);
       hn::Store(e1, d, p + (j + 1) * c.rb);
       sum0 = hn::Add(sum0, e0);
       sum1 = hn::Add(sum1, e1);
     }
     if (j < nk) {
-      const VF e = ExpNonPositiveF32(d, hn::Sub(hn::Load(d, p + j * c.rb), m_use));
+      const VF e = ExpFastF32(d, hn::Sub(hn::Load(d, p + j * c.rb), m_use));
       hn::Store(e, d, p + j * c.rb);
       sum0 = hn::Add(sum0, e);
     }
@@ -585,13 +597,13 @@ void Panel(const FlashAttentionTile& t, const Layout& lay, int64_t p0, int64_t n
   const int64_t panel_limit = row_limit(p0 + np - 1);
 
   // Few keys (a window): one block of them all, K and V read in place when the value rows are
-  // whole vectors. Otherwise blocks of kKeyBlock keys, packed. Decided by kv_len, not by the
-  // panel's causal limit: the blocks, hence the bits, must not depend on how rows are tiled.
+  // whole vectors. Otherwise blocks of kTargetKeyBlock keys, packed. Decided by kv_len, not by
+  // the panel's causal limit: the blocks, hence the bits, must not depend on how rows are tiled.
   const bool one_block =
       t.kv_len <= kMaxKeyBlock &&
       t.kv_len * static_cast<int64_t>(D + dv_pad) <= cpu::flash_detail::kOneBlockFloats;
   const bool in_place = one_block && Dv % N == 0;
-  const int64_t key_block = one_block ? t.kv_len : kKeyBlock;
+  const int64_t key_block = one_block ? t.kv_len : kTargetKeyBlock;
 
   BlockCtx c;
   c.t = &t;
@@ -673,18 +685,18 @@ void FlashAttentionF32(const FlashAttentionTile& t) {
     Panel(t, lay, p0, std::min(lay.panel_rows, t.rows - p0));
 }
 
-// y[i] = ExpNonPositiveF32(x[i]), for the accuracy test of the exp itself.
-void ExpNonPositiveArrayF32(int64_t n, const float* x, float* y) {
+// y[i] = ExpFastF32(x[i]), for the accuracy test of the exp itself.
+void ExpFastArrayF32(int64_t n, const float* x, float* y) {
   const DF d;
   const size_t N = hn::Lanes(d);
   size_t i = 0;
   for (; i + N <= static_cast<size_t>(n); i += N)
-    hn::StoreU(ExpNonPositiveF32(d, hn::LoadU(d, x + i)), d, y + i);
+    hn::StoreU(ExpFastF32(d, hn::LoadU(d, x + i)), d, y + i);
   if (i < static_cast<size_t>(n)) {
     HWY_ALIGN float buf[hn::MaxLanes(DF())] = {};
     const size_t rest = static_cast<size_t>(n) - i;
     std::memcpy(buf, x + i, rest * sizeof(float));
-    hn::Store(ExpNonPositiveF32(d, hn::Load(d, buf)), d, buf);
+    hn::Store(ExpFastF32(d, hn::Load(d, buf)), d, buf);
     std::memcpy(y + i, buf, rest * sizeof(float));
   }
 }
@@ -695,7 +707,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace tessera {
 HWY_EXPORT(FlashAttentionF32);
-HWY_EXPORT(ExpNonPositiveArrayF32);
+HWY_EXPORT(ExpFastArrayF32);
 
 namespace cpu {
 
@@ -707,8 +719,8 @@ int64_t flash_attention_scratch_floats_cpu(int64_t rows, int64_t head_dim, int64
   return flash_detail::MakeLayout(rows, head_dim, v_head_dim).total;
 }
 
-void exp_nonpositive_f32(int64_t n, const float* x, float* y) {
-  HWY_DYNAMIC_DISPATCH(ExpNonPositiveArrayF32)(n, x, y);
+void exp_fast_f32(int64_t n, const float* x, float* y) {
+  HWY_DYNAMIC_DISPATCH(ExpFastArrayF32)(n, x, y);
 }
 
 }  // namespace cpu

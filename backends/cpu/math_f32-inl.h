@@ -2,12 +2,13 @@
 // against double exp over every third float of their domain, on AVX2, SSE4 and SCALAR alike:
 //   ExpF32             e^x for x <= 88: at most 1.01 ulp (8.4e-8 relative) on [-87, 88].
 //                      Where results track PyTorch's expf: gelu, softmax_rows_f32.
-//   ExpNonPositiveF32  e^x for x <= 0 only: at most 5.2e-7 relative (7.2 ulp) on [-87.33, 0],
+//   ExpFastF32         e^x for x <= 88: at most 5.2e-7 relative (7.2 ulp) on [-87.33, 88],
 //                      for two vector ops fewer (one Horner chain instead of 1 + r + r^2 P(r)):
 //                      1.2-1.3x ExpF32's throughput on AVX2 (0.31 against 0.40 ns per value,
 //                      Zen 3, exps over an L1-resident row), 1.3-1.5x on SSE4. The online
-//                      softmax of flash_attention_f32, whose arguments are score - running
-//                      max <= 0 (PyTorch's flash kernel accepts a 20-ulp exp there).
+//                      softmax of flash_attention_f32, whose arguments are score - reference
+//                      max <= 8, and decode attention's (<= 0). PyTorch's flash kernel accepts
+//                      a 20-ulp exp there.
 // Both keep NaN a NaN (hn::Exp returns 0, which would silently drop a NaN logit from its row)
 // and return exactly 0 for -inf and below the normal range, never a subnormal. Tail
 // loads/stores: core/simd_tail-inl.h.
@@ -61,17 +62,17 @@ HWY_INLINE V ExpF32(D d, V x) {
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.0f)), hn::Mul(p, pow2n));
 }
 
-// e^x for the softmax domain x <= 0, plus x = -inf -> 0 and x = NaN -> NaN.
-// x = n ln2 + r with n = round(x / ln2), |r| <= ln2/2; e^r = 1 + r P(r), P of degree 4 fitted
-// (Remez, relative error) on that interval: 4.4e-7 with float coefficients, 5.2e-7 measured
-// in float arithmetic by the flash_attention/exp_nonpositive test (through
-// cpu::exp_nonpositive_f32) over [-87.3, 0]; one Horner step and all special-case logic short
-// of a 1-ulp exp. Below -87.34 the result is 0
-// (e^-87.34 = 2^-126 is the smallest normal float: no subnormal is ever formed), an absolute
-// error under 1.2e-38. hn::Exp would return 0 for NaN and silently drop a NaN score from its
-// row; here r is NaN, so is P, and the scaling multiply keeps it.
+// e^x for x <= 88 (the softmax's score - max, at most 8 in flash_attention_f32), plus
+// x = -inf -> 0 and x = NaN -> NaN. Above 88 the result is garbage, not inf: no caller gets
+// there. x = n ln2 + r with n = round(x / ln2), |r| <= ln2/2; e^r = 1 + r P(r), P of degree 4
+// fitted (Remez, relative error) on that interval: 4.4e-7 with float coefficients, 5.2e-7
+// measured in float arithmetic by the flash_attention/exp_fast test (through cpu::exp_fast_f32)
+// over [-87.3, 88]; one Horner step and all special-case logic short of a 1-ulp exp. Below
+// -87.34 the result is 0 (e^-87.34 = 2^-126 is the smallest normal float: no subnormal is ever
+// formed), an absolute error under 1.2e-38. hn::Exp would return 0 for NaN and silently drop a
+// NaN score from its row; here r is NaN, so is P, and the scaling multiply keeps it.
 template <class D, class V = hn::Vec<D>>
-HWY_INLINE V ExpNonPositiveF32(D d, V x) {
+HWY_INLINE V ExpFastF32(D d, V x) {
   const hn::RebindToSigned<D> di;
   // Adding 1.5 * 2^23 rounds x/ln2 to an integer (a float that large has no fraction bits) and
   // leaves n in the low mantissa bits of t.
@@ -87,7 +88,7 @@ HWY_INLINE V ExpNonPositiveF32(D d, V x) {
   p = hn::MulAdd(p, r, hn::Set(d, 0x1.fffe5cp-2f));
   p = hn::MulAdd(p, r, hn::Set(d, 0x1.ffff2ep-1f));
   p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
-  // 2^n: exponent field n + 127 (>= 1 for x >= -87.34). t's own bits 0x4B400000 shift out of
+  // 2^n: exponent field n + 127 (1 .. 254 for x in [-87.34, 88]). t's own bits 0x4B400000 shift out of
   // the 32-bit lane. A float multiply, not an integer add into p's exponent, keeps NaN a NaN.
   const V pow2n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127))));
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.33654f)), hn::Mul(p, pow2n));
