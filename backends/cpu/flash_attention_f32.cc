@@ -20,9 +20,10 @@
 //   3. O[row][:] = alpha O[row][:] + sum_key P[key][row] V[key][:]. Register tile of 4 rows x 4
 //      vectors of v_head_dim: per key, 4 loads of V and 4 broadcasts of P feed 16 FMAs. The
 //      rescale is skipped while no row's reference max moved (alpha == 1 exactly): after the
-//      first block, nearly always. With m the running max itself, most blocks of a 32-row
-//      block still rescaled at T = 512 (one of 32 rows finding a new max is enough); the lazy
-//      reference took the core from 77% to 79% of the FMA probe there (Zen 4, AVX-512).
+//      first block, nearly always. With m the running max itself, a row block rescaled
+//      whenever any of its 16-32 rows found a new max, i.e. in most blocks up to T ~ 1000; the
+//      lazy reference gained 0.9-1.3 points of the FMA probe on AVX2 at T = 512 and 4096 and
+//      was within noise on AVX-512 (Zen 4; benchmarks/results/, *-zen4-attention-core-s18).
 // At head_dim = v_head_dim = 64 a (row block, key block) step is 2 x 2048 FMAs against 64 vector
 // exps of ~14 ops, 9 of them on the FMA pipes: ~14% extra FMA-pipe work. Measured split at
 // T = 512 (bench_attention_kernel, variants of this file): P.V runs at ~95% of the FMA probe,
@@ -183,6 +184,7 @@ static_assert(kScoreKeys <= 8, "the last keys of a block take groups of 4, 2 and
 // Keys per packed block: a whole number of score groups (30 on AVX2), so that no block ends in
 // a 2-key group. That group has 4 accumulators for 2 FMA pipes of latency 4 and ran at half
 // speed: 3.8% of the AVX2 core's samples at T = 4096 with blocks of 32 (Zen 4, forced AVX2).
+// 30-key blocks took the AVX2 core from 72.7-77.2% to 76.0-79.7% of the probe at T = 512-4096.
 constexpr int64_t kTargetKeyBlock = kKeyBlock / kScoreKeys * kScoreKeys;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
