@@ -22,7 +22,7 @@ void flash_attention_f32_dispatch(const FlashAttentionTile& tile);
 // shorter) are what the kernel was tuned for: K and V stream once per 256 rows.
 int64_t flash_attention_scratch_floats_cpu(int64_t rows, int64_t head_dim, int64_t v_head_dim);
 
-// y[i] = e^x[i] as the kernel computes it (x <= 0; -inf -> 0, NaN -> NaN, 0 below -87.34), so
+// y[i] = e^x[i] as the kernel computes it (x <= 88; -inf -> 0, NaN -> NaN, 0 below -87.34), so
 // tests can bound its error on its own. Not a table kernel.
 void exp_fast_f32(int64_t n, const float* x, float* y);
 

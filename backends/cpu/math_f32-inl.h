@@ -88,8 +88,9 @@ HWY_INLINE V ExpFastF32(D d, V x) {
   p = hn::MulAdd(p, r, hn::Set(d, 0x1.fffe5cp-2f));
   p = hn::MulAdd(p, r, hn::Set(d, 0x1.ffff2ep-1f));
   p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
-  // 2^n: exponent field n + 127 (1 .. 254 for x in [-87.34, 88]). t's own bits 0x4B400000 shift out of
-  // the 32-bit lane. A float multiply, not an integer add into p's exponent, keeps NaN a NaN.
+  // 2^n: exponent field n + 127 (1 .. 254 for x in [-87.34, 88]). t's own bits 0x4B400000
+  // shift out of the 32-bit lane. A float multiply, not an integer add into p's exponent,
+  // keeps NaN a NaN.
   const V pow2n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127))));
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.33654f)), hn::Mul(p, pow2n));
 }
