@@ -736,13 +736,18 @@ BOOST_AUTO_TEST_CASE(gelu_erf_and_tanh) {
         BOOST_TEST(std::memcmp(in_place.data(), y.data(), n * sizeof(float)) == 0);
       }
     }
-    const float special[3] = {kNaN, 0.0f, -0.0f};
+    // Past the grid: inf and +-1e30 (x for x > 0, 0 below), where the erf form's reciprocal
+    // and the tanh form's cube meet infinities of their own.
+    const float special[6] = {kNaN, 0.0f, -0.0f, kInf, 1e30f, -1e30f};
     for (const bool tanh_form : {false, true}) {
-      float out[3];
-      table().gelu_f32(3, special, out, tanh_form);
+      float out[6];
+      table().gelu_f32(6, special, out, tanh_form);
       BOOST_TEST(std::isnan(out[0]));
       BOOST_TEST(out[1] == 0.0f);
       BOOST_TEST(out[2] == 0.0f);
+      BOOST_TEST(out[3] == kInf);
+      BOOST_TEST(out[4] == 1e30f);
+      BOOST_TEST(out[5] == 0.0f);
     }
   });
 }

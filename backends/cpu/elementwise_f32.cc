@@ -1,7 +1,7 @@
 // Element-wise and row-wise f32 kernels: rotary embedding, bias add, the broadcasting binary maps
 // (add, sub, mul, div), GELU, ReLU, SiLU, sigmoid, tanh, layer norm, softmax down columns.
 // All are a few vector ops per element over data that is read once, so they run at memory
-// (or L2) bandwidth except GELU, whose erf costs about 35 vector ops per vector, and the
+// (or L2) bandwidth except GELU, whose erf costs about 30 vector ops per vector, and the
 // exp-based maps (about 20).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backends/cpu/elementwise_f32.cc"
@@ -167,36 +167,61 @@ void DivMapF32(int64_t n, const float* a, int64_t a_step, const float* b, int64_
 // for x < 0. Going through erfc keeps Phi relatively accurate in the negative tail, where
 // PyTorch's 0.5 * x * (1 + erf(x/sqrt2)) cancels. erfc(t) = tau * exp(-t^2 + P(tau)),
 // tau = 1 / (1 + t/2), is the Chebyshev fit of Numerical Recipes (erfcc, section 6.2):
-// fractional error < 1.2e-7 for all t >= 0. Measured gelu error on [-15, 15]: 3.8e-7 absolute,
-// most of it the final rounding of x * Phi (half an ulp of 15 is 4.8e-7). The Eigen/XLA erf
-// rational (x P(x^2) / Q(x^2) on [-4, 4]) is cheaper but, evaluated in float, is off by 3.7e-7
-// near |x/sqrt2| = 3.6-4, which puts gelu 1.05e-6 off at |x| = 5.1.
-template <class D, class V = hn::Vec<D>>
-HWY_INLINE V GeluErfF32(D d, V x) {
+// fractional error < 1.2e-7 for all t >= 0. The Eigen/XLA erf rational (x P(x^2) / Q(x^2) on
+// [-4, 4]) is cheaper but, evaluated in float, is off by 3.7e-7 near |x/sqrt2| = 3.6-4, which
+// puts gelu 1.05e-6 off at |x| = 5.1.
+// Cost: ~25 ops on the FMA pipes per vector, which bind it (Zen 4, AVX3: 512-bit ops take a
+// 256-bit pipe for two cycles, so ~25 cycles per 16 values). What gelu needs is an absolute
+// error, x Q(x) with Q = erfc / 2 at most 0.17 (x ~ 0.75), so the exp is ExpFastF32 (5.2e-7
+// relative: < 1e-7 of gelu) and the 1/2 rides in P's constant (- ln 2). K vectors go through
+// each step side by side (GeluLoopF32): one vector's ops form a single chain of ~100 cycles.
+// bench_kernels "gelu_f32 erf, 4M", Zen 4: 2.96 -> 2.35 ms on AVX3, 4.16 -> 3.10 on AVX2
+// against one vector at a time with a divide, ExpF32 and Estrin to tau^8. Error on [-15, 15]:
+// 3.8e-7 absolute (tests/test_kernels.cpp), as before.
+template <size_t K, class D, class V = hn::Vec<D>>
+HWY_INLINE void GeluErfF32(D d, V (&x)[K]) {
   const V one = hn::Set(d, 1.0f);
-  const V half = hn::Set(d, 0.5f);
-  const V t = hn::Mul(hn::Abs(x), hn::Set(d, 0.70710678118654752f));
-  const V tau = hn::Div(one, hn::MulAdd(half, t, one));
-  // P(tau) by Estrin's scheme (pairs, then powers tau^2, tau^4, tau^8): 4 dependent FMAs after
-  // tau^8 instead of Horner's 9. The whole GELU is one long dependency chain per vector (divide,
-  // P, exp), so its latency, not its op count, set the speed: Horner ran at 2.0 G values/s on
-  // Zen 5 (AVX3, 4M values), ~30 cycles per vector for ~30 ops.
-  const V tau2 = hn::Mul(tau, tau);
-  const V tau4 = hn::Mul(tau2, tau2);
-  const V tau8 = hn::Mul(tau4, tau4);
-  const V c01 = hn::MulAdd(hn::Set(d, 1.00002368f), tau, hn::Set(d, -1.26551223f));
-  const V c23 = hn::MulAdd(hn::Set(d, 0.09678418f), tau, hn::Set(d, 0.37409196f));
-  const V c45 = hn::MulAdd(hn::Set(d, 0.27886807f), tau, hn::Set(d, -0.18628806f));
-  const V c67 = hn::MulAdd(hn::Set(d, 1.48851587f), tau, hn::Set(d, -1.13520398f));
-  const V c89 = hn::MulAdd(hn::Set(d, 0.17087277f), tau, hn::Set(d, -0.82215223f));
-  const V c03 = hn::MulAdd(c23, tau2, c01);
-  const V c47 = hn::MulAdd(c67, tau2, c45);
-  const V p = hn::MulAdd(c89, tau8, hn::MulAdd(c47, tau4, c03));
-  // The exponent peaks at t = 0 (3e-8, 0 up to rounding), far inside ExpF32's domain; below -87
-  // (|x| > 13.2, Phi < 1e-39) ExpF32 flushes to 0.
-  const V half_erfc = hn::Mul(hn::Mul(half, tau), ExpF32(d, hn::NegMulAdd(t, t, p)));
-  const V phi = hn::IfThenElse(hn::Lt(x, hn::Zero(d)), half_erfc, hn::Sub(one, half_erfc));
-  return hn::Mul(x, phi);
+  V t[K], tau[K], tau2[K], tau4[K], p[K];
+  // t capped at 10, where exp(-t^2) is long 0 (ExpFastF32 flushes below -87.3), so that
+  // tau stays finite for |x| = inf (the reciprocal's Newton step would make inf * 0 of it).
+  // Min returns the cap for a NaN t: the NaN x still makes y NaN.
+  for (size_t u = 0; u < K; ++u)
+    t[u] = hn::Min(hn::Mul(hn::Abs(x[u]), hn::Set(d, 0.70710678118654752f)), hn::Set(d, 10.0f));
+  // tau by the approximate reciprocal (12 bits on AVX2, 14 on AVX-512) and one Newton step
+  // (~23 bits): two FMAs instead of a divide, which cost ~20% of the whole (Zen 4, AVX3 and
+  // AVX2 alike: a 512-bit divide every ~7 cycles).
+  for (size_t u = 0; u < K; ++u) {
+    const V a = hn::MulAdd(hn::Set(d, 0.5f), t[u], one);
+    const V r0 = hn::ApproximateReciprocal(a);
+    tau[u] = hn::MulAdd(r0, hn::NegMulAdd(a, r0, one), r0);
+  }
+  // P(tau) - ln 2 by Estrin's scheme (pairs, then tau^2 and tau^4): 3 dependent FMAs after the
+  // pairs instead of Horner's 9.
+  for (size_t u = 0; u < K; ++u) tau2[u] = hn::Mul(tau[u], tau[u]);
+  for (size_t u = 0; u < K; ++u) tau4[u] = hn::Mul(tau2[u], tau2[u]);
+  for (size_t u = 0; u < K; ++u) {
+    const V c67 = hn::MulAdd(hn::Set(d, 1.48851587f), tau[u], hn::Set(d, -1.13520398f));
+    const V c89 = hn::MulAdd(hn::Set(d, 0.17087277f), tau[u], hn::Set(d, -0.82215223f));
+    p[u] = hn::MulAdd(c89, tau2[u], c67);
+  }
+  for (size_t u = 0; u < K; ++u) {
+    const V c45 = hn::MulAdd(hn::Set(d, 0.27886807f), tau[u], hn::Set(d, -0.18628806f));
+    p[u] = hn::MulAdd(p[u], tau2[u], c45);
+  }
+  for (size_t u = 0; u < K; ++u) {
+    // -1.26551223 - ln 2: exp(...) is then erfc / (2 tau).
+    const V c01 = hn::MulAdd(hn::Set(d, 1.00002368f), tau[u], hn::Set(d, -1.95865941f));
+    const V c23 = hn::MulAdd(hn::Set(d, 0.09678418f), tau[u], hn::Set(d, 0.37409196f));
+    p[u] = hn::MulAdd(p[u], tau4[u], hn::MulAdd(c23, tau2[u], c01));
+  }
+  // The exponent peaks at t = 0 (-ln 2), inside ExpFastF32's domain; below -87.3 (|x| > 13.2,
+  // Phi < 1e-39) ExpFastF32 flushes to 0.
+  for (size_t u = 0; u < K; ++u) p[u] = hn::NegMulAdd(t[u], t[u], p[u]);
+  ExpFastF32Interleaved(d, p);
+  for (size_t u = 0; u < K; ++u) {
+    const V q = hn::Mul(tau[u], p[u]);  // Q(|x|) = erfc(t) / 2
+    x[u] = hn::Mul(x[u], hn::IfThenElse(hn::Lt(x[u], hn::Zero(d)), q, hn::Sub(one, q)));
+  }
 }
 
 // GELU, tanh form: 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), computed as
@@ -216,12 +241,24 @@ HWY_INLINE V GeluTanhF32(D d, V x) {
 template <bool kTanh>
 HWY_INLINE void GeluLoopF32(size_t n, const float* x, float* y) {
   const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
   const size_t N = hn::Lanes(d);
-  const auto gelu = [d](hn::Vec<decltype(d)> v) HWY_ATTR {
-    if constexpr (kTanh) return GeluTanhF32(d, v);
-    return GeluErfF32(d, v);
-  };
   size_t i = 0;
+  if constexpr (!kTanh) {
+    constexpr size_t K = 4;
+    for (; i + K * N <= n; i += K * N) {
+      V v[K];
+      for (size_t u = 0; u < K; ++u) v[u] = hn::LoadU(d, x + i + u * N);
+      GeluErfF32(d, v);
+      for (size_t u = 0; u < K; ++u) hn::StoreU(v[u], d, y + i + u * N);
+    }
+  }
+  const auto gelu = [d](V v) HWY_ATTR {
+    if constexpr (kTanh) return GeluTanhF32(d, v);
+    V a[1] = {v};
+    GeluErfF32(d, a);
+    return a[0];
+  };
   for (; i + N <= n; i += N) hn::StoreU(gelu(hn::LoadU(d, x + i)), d, y + i);
   if (i < n) StoreTail(d, gelu(LoadTail(d, x + i, n - i, 0.0f)), y + i, n - i);
 }

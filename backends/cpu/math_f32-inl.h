@@ -8,7 +8,7 @@
 //                      Zen 3, exps over an L1-resident row), 1.3-1.5x on SSE4. The online
 //                      softmax of flash_attention_f32, whose arguments are score - reference
 //                      max <= 8, and decode attention's (<= 0). PyTorch's flash kernel accepts
-//                      a 20-ulp exp there.
+//                      a 20-ulp exp there. And gelu's erfc, whose error counts absolutely.
 // Both keep NaN a NaN (hn::Exp returns 0, which would silently drop a NaN logit from its row)
 // and return exactly 0 for -inf and below the normal range, never a subnormal. Tail
 // loads/stores: core/simd_tail-inl.h.
@@ -71,28 +71,44 @@ HWY_INLINE V ExpF32(D d, V x) {
 // -87.34 the result is 0 (e^-87.34 = 2^-126 is the smallest normal float: no subnormal is ever
 // formed), an absolute error under 1.2e-38. hn::Exp would return 0 for NaN and silently drop a
 // NaN score from its row; here r is NaN, so is P, and the scaling multiply keeps it.
-template <class D, class V = hn::Vec<D>>
-HWY_INLINE V ExpFastF32(D d, V x) {
+// ExpFastF32Interleaved: the same on K vectors in place, step by step across them, so that a
+// caller with a long dependency chain per vector (gelu: ~25 dependent ops) puts K independent
+// chains side by side in program order, where the scheduler can overlap them.
+template <size_t K, class D, class V = hn::Vec<D>>
+HWY_INLINE void ExpFastF32Interleaved(D d, V (&x)[K]) {
   const hn::RebindToSigned<D> di;
   // Adding 1.5 * 2^23 rounds x/ln2 to an integer (a float that large has no fraction bits) and
   // leaves n in the low mantissa bits of t.
   const V shifter = hn::Set(d, 0x1.8p23f);
-  const V t = hn::MulAdd(x, hn::Set(d, 0x1.715476p+0f), shifter);
-  const V n = hn::Sub(t, shifter);
+  V t[K], r[K], p[K];
+  for (size_t u = 0; u < K; ++u) t[u] = hn::MulAdd(x[u], hn::Set(d, 0x1.715476p+0f), shifter);
   // Cody-Waite: ln2_hi has 17 significant bits, so n * ln2_hi is exact for |n| <= 127.
-  V r = hn::NegMulAdd(n, hn::Set(d, 0x1.62e4p-1f), x);
-  r = hn::NegMulAdd(n, hn::Set(d, 0x1.7f7d1cp-20f), r);
-  V p = hn::Set(d, 0x1.c7b170p-8f);
-  p = hn::MulAdd(p, r, hn::Set(d, 0x1.570ad0p-5f));
-  p = hn::MulAdd(p, r, hn::Set(d, 0x1.55c360p-3f));
-  p = hn::MulAdd(p, r, hn::Set(d, 0x1.fffe5cp-2f));
-  p = hn::MulAdd(p, r, hn::Set(d, 0x1.ffff2ep-1f));
-  p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
+  for (size_t u = 0; u < K; ++u) {
+    const V n = hn::Sub(t[u], shifter);
+    r[u] = hn::NegMulAdd(n, hn::Set(d, 0x1.62e4p-1f), x[u]);
+    r[u] = hn::NegMulAdd(n, hn::Set(d, 0x1.7f7d1cp-20f), r[u]);
+  }
+  for (size_t u = 0; u < K; ++u)
+    p[u] = hn::MulAdd(hn::Set(d, 0x1.c7b170p-8f), r[u], hn::Set(d, 0x1.570ad0p-5f));
+  for (size_t u = 0; u < K; ++u) p[u] = hn::MulAdd(p[u], r[u], hn::Set(d, 0x1.55c360p-3f));
+  for (size_t u = 0; u < K; ++u) p[u] = hn::MulAdd(p[u], r[u], hn::Set(d, 0x1.fffe5cp-2f));
+  for (size_t u = 0; u < K; ++u) p[u] = hn::MulAdd(p[u], r[u], hn::Set(d, 0x1.ffff2ep-1f));
+  for (size_t u = 0; u < K; ++u) p[u] = hn::MulAdd(p[u], r[u], hn::Set(d, 1.0f));
   // 2^n: exponent field n + 127 (1 .. 254 for x in [-87.34, 88]). t's own bits 0x4B400000
   // shift out of the 32-bit lane. A float multiply, not an integer add into p's exponent,
   // keeps NaN a NaN.
-  const V pow2n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127))));
-  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.33654f)), hn::Mul(p, pow2n));
+  for (size_t u = 0; u < K; ++u) {
+    const V pow2n =
+        hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t[u]), hn::Set(di, 127))));
+    x[u] = hn::IfThenZeroElse(hn::Lt(x[u], hn::Set(d, -87.33654f)), hn::Mul(p[u], pow2n));
+  }
+}
+
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE V ExpFastF32(D d, V x) {
+  V v[1] = {x};
+  ExpFastF32Interleaved(d, v);
+  return v[0];
 }
 
 }  // namespace tessera::HWY_NAMESPACE
