@@ -48,11 +48,14 @@ struct LinearKernels {
   // A layer's own weights packed once (ParameterSet::pack_projections) into panels of
   // weight_panel output features, ceil(n / weight_panel) * weight_panel * k floats, the same
   // layout on every target: pack_weights writes panels q0 .. q1 - 1 of w [n, k]. `panels`
-  // computes rows r0 .. r1 - 1 x columns c0 .. c1 - 1 of y = x w^T + bias from them (c0 a
-  // multiple of panel_task_cols), `panels_matvec` the same for m <= matvec_max_rows rows (c0 a
-  // multiple of weight_panel). Every y element is one FMA chain in k order, bias last, however
-  // the rows and columns are split; the packed kernel above computes the same bits.
-  int64_t weight_panel = 0, panel_task_cols = 0;
+  // computes rows r0 .. r1 - 1 x columns c0 .. c1 - 1 of y = x w^T + bias from them, and
+  // `panels_matvec` the same for m <= matvec_max_rows rows (c0 a multiple of weight_panel for
+  // both). Every y element is one FMA chain in k order, bias last, however the rows and columns
+  // are split; the packed kernel above computes the same bits. `panel_tile_cols` is the column
+  // width of the dispatched target's tile (a multiple of weight_panel): a column split at other
+  // multiples of weight_panel is exact but computes partial tiles.
+  int64_t weight_panel = 0;
+  int64_t (*panel_tile_cols)() = nullptr;
   int64_t weight_panel_floats(int64_t n, int64_t k) const {
     return (n + weight_panel - 1) / weight_panel * weight_panel * k;
   }

@@ -155,17 +155,21 @@ void linear_panels_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in
     apply_activation_f32(k, act, 0, rows, 0, out_features, y, y_stride);
     return;
   }
-  const int64_t step = lk.panel_task_cols;
+  // Columns split at whole tiles of the dispatched target: 48 features on AVX-512, 16 on AVX2.
+  // (A 48-feature step on AVX2 left 512 features in 11 units, so 128-row products were cut in
+  // two row blocks: bench_linear --cold --target AVX2, two threads, Zen 4: 128x512x2048
+  // 1.46 -> 1.35 ms, 128x512x512 0.37 -> 0.33 ms with 16.)
+  const int64_t step = lk.panel_tile_cols();
   const int64_t tiles = (out_features + step - 1) / step;
   const int64_t threads = std::max(1, num_threads());
   int64_t row_blocks = (rows + 239) / 240;
   // (Row block, column tile) units that the threads cannot share evenly (11 tiles for 512
-  // features, one row block of 128 rows: 6 against 5 at best on two threads) are split once
-  // more by rows, while a block keeps at least 32 rows, when the units are few (< 8 per thread)
-  // or the blocks stay tall (>= 128 rows): every row block streams the whole weight, from
-  // memory in a model, and 64-row blocks do not pay that back (bench_linear --cold, two
-  // threads: 128x2048x512, 43 tiles, 0.68-0.69 ms with two row blocks, 0.63-0.67 without;
-  // 512x512x2048 2.52-2.54 with four, 2.58-2.62 with three).
+  // features on AVX-512, one row block of 128 rows: 6 against 5 at best on two threads) are
+  // split once more by rows, while a block keeps at least 32 rows, when the units are few (< 8
+  // per thread) or the blocks stay tall (>= 128 rows): every row block streams the whole
+  // weight, from memory in a model, and 64-row blocks do not pay that back (bench_linear
+  // --cold, two threads, AVX-512: 128x2048x512, 43 tiles, 0.68-0.69 ms with two row blocks,
+  // 0.63-0.67 without; 512x512x2048 2.52-2.54 with four, 2.58-2.62 with three).
   if ((row_blocks * tiles) % threads != 0 && rows / (row_blocks + 1) >= 32 &&
       (row_blocks * tiles < 8 * threads || rows / (row_blocks + 1) >= 128))
     ++row_blocks;

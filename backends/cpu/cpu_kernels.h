@@ -34,13 +34,13 @@ bool linear_packed_preferred_f32(int64_t m, int64_t k, int64_t n);
 // floats, the same layout on every target. Packs panels q0 .. q1 - 1 of w [n, k] (row stride
 // ldw).
 inline constexpr int64_t kLinearWeightPanel = 16;
-// Columns of a task of linear_panels_f32 are split at multiples of this (a whole number of
-// tiles on every target: 16 on AVX2, 48 on AVX-512).
-inline constexpr int64_t kLinearPanelTaskCols = 48;
+// The column width of linear_panels_f32's tile on the dispatched target: 48 on AVX-512, 16 on
+// the others.
+int64_t linear_panel_tile_cols_f32();
 void linear_pack_weights_f32(int64_t n, int64_t k, const float* w, int64_t ldw, int64_t q0,
                              int64_t q1, float* panels);
 // y[r, c] = x[r, :] . w[c, :] + bias[c] for rows r0 .. r1 - 1 and columns c0 .. c1 - 1 (c0 a
-// multiple of kLinearPanelTaskCols, c1 clamped to n) from the panels; bias may be null.
+// multiple of kLinearWeightPanel, c1 clamped to n) from the panels; bias may be null.
 void linear_panels_f32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t r1,
                        const float* panels, int64_t n, int64_t c0, int64_t c1, const float* bias,
                        float* y, int64_t ldy);

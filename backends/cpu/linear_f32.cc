@@ -232,7 +232,8 @@ constexpr size_t kTileRows = 3, kTilePanels = 1, kDepthBlock = 256;
 constexpr bool kStreamWeights = false;
 #endif
 constexpr size_t kTileCols = kTilePanels * kWeightPanel;
-static_assert(cpu::kLinearPanelTaskCols % kTileCols == 0, "tasks are whole tiles");
+
+int64_t LinearPanelTileColsF32() { return static_cast<int64_t>(kTileCols); }
 
 // One tile over depth kk = 0 .. kc - 1 (x and wp already offset to the block): y[r][c] (+)=
 // sum x[r][kk] wp[c][kk] for `rows` rows and `cols` columns (<= the tile's), then + bias[c] when
@@ -498,6 +499,7 @@ HWY_EXPORT(LinearMatvecF32);
 HWY_EXPORT(LinearPackWeightsF32);
 HWY_EXPORT(LinearPanelsF32);
 HWY_EXPORT(LinearPanelsMatvecF32);
+HWY_EXPORT(LinearPanelTileColsF32);
 
 namespace cpu {
 
@@ -540,6 +542,8 @@ void linear_panels_matvec_f32(int64_t m, int64_t k, const float* x, int64_t ldx,
                               const float* bias, float* y, int64_t ldy) {
   HWY_DYNAMIC_DISPATCH(LinearPanelsMatvecF32)(m, k, x, ldx, panels, n, c0, c1, bias, y, ldy);
 }
+
+int64_t linear_panel_tile_cols_f32() { return HWY_DYNAMIC_DISPATCH(LinearPanelTileColsF32)(); }
 
 }  // namespace cpu
 }  // namespace tessera
