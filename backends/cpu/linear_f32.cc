@@ -37,6 +37,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include <unistd.h>
+
 #include "backends/cpu/cpu_kernels.h"
 #include "core/simd_tail-inl.h"
 
@@ -217,7 +219,8 @@ constexpr size_t kWVecs = kWeightPanel / kLanes;
 static_assert(kWeightPanel % kLanes == 0, "a weight panel is a whole number of vectors");
 // Accumulators kTileRows x kTilePanels x kWVecs: AVX-512 8 x 3 x 1 = 24 (3 loads + 8 broadcasts
 // per 24 FMAs); AVX2 6 x 1 x 2 = 12 (2 + 6 per 12); SSE4 3 x 1 x 4 = 12; SCALAR 1 x 1 x 16.
-// kStreamWeights: the loop order within a depth block (LinearPanelsF32 below).
+// kStreamWeights: the loop order within a depth block (LinearPanelsF32 below). kDepthBlock is
+// the resident order's; the streaming order sizes its blocks from the L1d (StreamDepthBlock).
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 constexpr size_t kTileRows = 8, kTilePanels = 3, kDepthBlock = 512;
 constexpr bool kStreamWeights = true;
@@ -232,6 +235,24 @@ constexpr size_t kTileRows = 3, kTilePanels = 1, kDepthBlock = 256;
 constexpr bool kStreamWeights = false;
 #endif
 constexpr size_t kTileCols = kTilePanels * kWeightPanel;
+
+// The streaming order's depth block, from the L1d: the row tile's x slice (kTileRows x kc
+// floats, read once per column tile) takes half of it, the rest holds the weight streams'
+// lines in flight. Zen 4 (32 KiB): 512 steps, the constant this replaced; Zen 5 (48 KiB): 768.
+// There, against 512, one thread, bench_linear --cold (alternating, 2 rounds): 197x2304x768
+// 200-202 -> 205-206 GFLOP/s, 197x768x3072 201-202 -> 204-206, 512x512x2048 199-201 -> 202-204
+// (with blocks of equal size, below); 1024 steps measured no better than 768 and worse at
+// k = 2048.
+size_t StreamDepthBlock() {
+  static const size_t block = [] {
+    const long l1d = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    const size_t bytes = l1d >= (16 << 10) && l1d <= (1 << 20) ? static_cast<size_t>(l1d)
+                                                               : size_t{32} << 10;
+    const size_t steps = bytes / 2 / (kTileRows * sizeof(float)) / 64 * 64;
+    return std::clamp<size_t>(steps, 256, 1024);
+  }();
+  return block;
+}
 
 int64_t LinearPanelTileColsF32() { return static_cast<int64_t>(kTileCols); }
 
@@ -370,8 +391,13 @@ void LinearPanelsF32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t
   // order below at depth 128, one thread on Zen 4 (AVX3, 4 interleaved rounds, median GFLOP/s):
   // 197 x 2304 x 768 98 vs 94, 512 x 8192 x 512 98 vs 89, 197 x 768 x 3072 102 vs 95.
   if constexpr (kStreamWeights) {
-    for (int64_t k0 = 0; k0 < k; k0 += static_cast<int64_t>(kDepthBlock)) {
-      const int64_t kc = std::min(static_cast<int64_t>(kDepthBlock), k - k0);
+    // Blocks of equal depth (to 16 steps): k = 2048 at 768 is 688 + 688 + 672, not
+    // 768 + 768 + 512.
+    const int64_t max_block = static_cast<int64_t>(StreamDepthBlock());
+    const int64_t blocks = (k + max_block - 1) / max_block;
+    const int64_t block = ((k + blocks - 1) / blocks + 15) / 16 * 16;
+    for (int64_t k0 = 0; k0 < k; k0 += block) {
+      const int64_t kc = std::min(block, k - k0);
       const bool first = k0 == 0, last = k0 + kc == k;
       for (int64_t r = r0; r < r1; r += tile_rows) {
         // The next row tile's outputs, which its loads (or first stores) would miss on.
