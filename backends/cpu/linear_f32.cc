@@ -433,10 +433,19 @@ void LinearPanelsF32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t
       const int64_t next_lines =
           next_kc > 0 ? next_kc * static_cast<int64_t>(kTilePanels) : 0;
       const int64_t per_tile = (next_lines + row_tiles - 1) / row_tiles;
-      int64_t line = 0;
+      // The next line: panel `line_panel`, step `line_step`, counted rather than divided out
+      // (perf put 5% of nn.Transformer's two-thread AVX2 samples on Zen 5 in this loop, most on
+      // the prefetch's neighbours: waiting on the lines more than on the idiv, for bench_linear
+      // measured no change beyond its +-5% drift).
+      int64_t line = 0, line_panel = 0, line_step = 0;
       for (int64_t r = r0; r < r1; r += tile_rows) {
-        for (const int64_t end = std::min(next_lines, line + per_tile); line < end; ++line)
-          __builtin_prefetch(next + (line / next_kc) * panel_stride + (line % next_kc) * panel);
+        for (const int64_t end = std::min(next_lines, line + per_tile); line < end; ++line) {
+          __builtin_prefetch(next + line_panel * panel_stride + line_step * panel);
+          if (++line_step == next_kc) {
+            line_step = 0;
+            ++line_panel;
+          }
+        }
         // The next row tile's outputs, which its loads (or first stores) would miss on.
         for (int64_t rr = r + tile_rows; rr < std::min(r1, r + 2 * tile_rows); ++rr) {
           __builtin_prefetch(y + rr * ldy + c, 1);
