@@ -269,7 +269,7 @@ int64_t LinearPanelTileColsF32() { return static_cast<int64_t>(kTileCols); }
 // worse.
 constexpr size_t kWeightPrefetchSteps = kStreamWeights ? 32 : 0;
 
-template <size_t ROWS>
+template <size_t ROWS, size_t PANELS>
 void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_stride, size_t kc,
                    size_t rows, size_t cols, bool first, const float* bias, float* y,
                    int64_t ldy) {
@@ -278,17 +278,17 @@ void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_s
   const float* xr[ROWS];
   for (size_t r = 0; r < ROWS; ++r)
     xr[r] = x + static_cast<int64_t>(std::min(r, rows - 1)) * ldx;
-  const float* wq[kTilePanels];
-  for (size_t q = 0; q < kTilePanels; ++q)
+  const float* wq[PANELS];
+  for (size_t q = 0; q < PANELS; ++q)
     wq[q] = wp + static_cast<int64_t>(std::min(q, panels - 1)) * panel_stride;
-  const bool full = rows == ROWS && cols == kTileCols;
-  HWY_ALIGN float edge[ROWS][kTileCols];
+  const bool full = rows == ROWS && cols == PANELS * kWeightPanel;
+  HWY_ALIGN float edge[ROWS][PANELS * kWeightPanel];
   if (!full && !first)
     for (size_t r = 0; r < rows; ++r)
       std::memcpy(edge[r], y + static_cast<int64_t>(r) * ldy, cols * sizeof(float));
-  VF acc[ROWS][kTilePanels][kWVecs];
+  VF acc[ROWS][PANELS][kWVecs];
   for (size_t r = 0; r < ROWS; ++r)
-    for (size_t q = 0; q < kTilePanels; ++q)
+    for (size_t q = 0; q < PANELS; ++q)
       for (size_t v = 0; v < kWVecs; ++v) {
         const size_t c = q * kWeightPanel + v * kLanes;
         acc[r][q][v] = first  ? hn::Zero(d)
@@ -296,22 +296,22 @@ void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_s
                               : hn::Load(d, edge[r] + c);
       }
   for (size_t kk = 0; kk < kc; ++kk) {
-    VF wv[kTilePanels][kWVecs];
+    VF wv[PANELS][kWVecs];
     if constexpr (kWeightPrefetchSteps > 0)
-      for (size_t q = 0; q < kTilePanels; ++q)
+      for (size_t q = 0; q < PANELS; ++q)
         __builtin_prefetch(wq[q] + (kk + kWeightPrefetchSteps) * kWeightPanel);
-    for (size_t q = 0; q < kTilePanels; ++q)
+    for (size_t q = 0; q < PANELS; ++q)
       for (size_t v = 0; v < kWVecs; ++v)
         wv[q][v] = hn::Load(d, wq[q] + kk * kWeightPanel + v * kLanes);
     for (size_t r = 0; r < ROWS; ++r) {
       const VF xb = hn::Set(d, xr[r][kk]);
-      for (size_t q = 0; q < kTilePanels; ++q)
+      for (size_t q = 0; q < PANELS; ++q)
         for (size_t v = 0; v < kWVecs; ++v) acc[r][q][v] = hn::MulAdd(xb, wv[q][v], acc[r][q][v]);
     }
   }
   if (full) {
     for (size_t r = 0; r < ROWS; ++r)
-      for (size_t q = 0; q < kTilePanels; ++q)
+      for (size_t q = 0; q < PANELS; ++q)
         for (size_t v = 0; v < kWVecs; ++v) {
           const size_t c = q * kWeightPanel + v * kLanes;
           VF out = acc[r][q][v];
@@ -321,7 +321,7 @@ void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_s
     return;
   }
   for (size_t r = 0; r < ROWS; ++r)
-    for (size_t q = 0; q < kTilePanels; ++q)
+    for (size_t q = 0; q < PANELS; ++q)
       for (size_t v = 0; v < kWVecs; ++v)
         hn::Store(acc[r][q][v], d, edge[r] + q * kWeightPanel + v * kLanes);
   for (size_t r = 0; r < rows; ++r) {
@@ -330,28 +330,48 @@ void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_s
   }
 }
 
-// A tile of `rows` <= kTileRows rows. Short ones (the last rows of a task: 49 = 6 x 8 + 1 for
-// Swin-T's last stage, where the clamped 8-row tile computed 7 rows for nothing, 12% of that
-// stage's projections) are taken as tiles of 4, 2 and 1 rows. Each element is the same FMA
-// chain whatever the tile's height, so this changes no result bit.
-void PanelTile(const float* x, int64_t ldx, const float* wp, int64_t panel_stride, size_t kc,
-               size_t rows, size_t cols, bool first, const float* bias, float* y, int64_t ldy) {
+// A tile of `rows` <= kTileRows rows and PANELS weight panels. Short ones (the last rows of a
+// task: 49 = 6 x 8 + 1 for Swin-T's last stage, where the clamped 8-row tile computed 7 rows for
+// nothing, 12% of that stage's projections) are taken as tiles of 4, 2 and 1 rows. Each element
+// is the same FMA chain whatever the tile's height, so this changes no result bit.
+template <size_t PANELS>
+void PanelTileOf(const float* x, int64_t ldx, const float* wp, int64_t panel_stride, size_t kc,
+                 size_t rows, size_t cols, bool first, const float* bias, float* y, int64_t ldy) {
   if (rows == kTileRows || kTileRows < 4) {
-    PanelTileRows<kTileRows>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y, ldy);
+    PanelTileRows<kTileRows, PANELS>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y,
+                                     ldy);
     return;
   }
   size_t r = 0;
   const auto part = [&](auto height) {
     constexpr size_t kHeight = decltype(height)::value;
     if (rows - r < kHeight) return;
-    PanelTileRows<kHeight>(x + static_cast<int64_t>(r) * ldx, ldx, wp, panel_stride, kc, kHeight,
-                           cols, first, bias, y + static_cast<int64_t>(r) * ldy, ldy);
+    PanelTileRows<kHeight, PANELS>(x + static_cast<int64_t>(r) * ldx, ldx, wp, panel_stride, kc,
+                                   kHeight, cols, first, bias,
+                                   y + static_cast<int64_t>(r) * ldy, ldy);
     r += kHeight;
   };
   if constexpr (kTileRows > 4) part(std::integral_constant<size_t, 4>());
   part(std::integral_constant<size_t, 2>());
   part(std::integral_constant<size_t, 1>());
   // kTileRows 6 (AVX2): a remainder of 4 + 2 + 1 > 5 rows is never left; 8: at most 7.
+}
+
+// A column tile of `cols` <= kTileCols features. On AVX-512 a last tile of one or two panels
+// (512 features are 10 tiles of 48 and one of 32) runs as a tile that wide instead of the
+// clamped three-panel one, which computed a third of it for nothing: 3% of every projection to
+// 512 features (nn.Transformer's and the gpt recipe's out-projections and fc2). Same FMA chains,
+// same bits.
+void PanelTile(const float* x, int64_t ldx, const float* wp, int64_t panel_stride, size_t kc,
+               size_t rows, size_t cols, bool first, const float* bias, float* y, int64_t ldy) {
+  if constexpr (kTilePanels == 3) {
+    const size_t panels = (cols + kWeightPanel - 1) / kWeightPanel;
+    if (panels == 2)
+      return PanelTileOf<2>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y, ldy);
+    if (panels == 1)
+      return PanelTileOf<1>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y, ldy);
+  }
+  PanelTileOf<kTilePanels>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y, ldy);
 }
 
 void LinearPackWeightsF32(int64_t n, int64_t k, const float* w, int64_t ldw, int64_t q0,
