@@ -1223,14 +1223,15 @@ BOOST_AUTO_TEST_CASE(linear_matvec_matches_float64_and_any_split) {
 }
 
 // The prepacked-weight kernels (a model's projections): pack_weights, then `panels` (rows
-// around every target's tile of 1-8 rows, features around the 16-feature panel and the 48-
-// feature task step, depths around the resident order's 256-step blocks and past the streaming
-// order's L1d-sized ones, 512 or 768: k = 1030 is two or three blocks) and `panels_matvec` (1-4 rows),
-// against a float64 product on every target, strided x and y, with and without bias; x, w and
-// the panels end at an inaccessible page, y's padding stays untouched. The same product in
-// pieces (rows in ranges of 5, columns in task steps) and the x-panel kernel (`packed`) must give
-// the same bits: the layer splits work over threads that way, a model's projections must not
-// depend on whether its weights were packed, and a decode step's rows must equal a prompt's.
+// around every target's tile of 1-8 rows, features around the 16-feature panel and the tile's
+// 16-48 features, depths around the resident order's 256-step blocks and past the streaming
+// order's L1d-sized ones, 512 or 768: k = 1030 is two or three blocks) and `panels_matvec`
+// (1-4 rows), against a float64 product on every target, strided x and y, with and without
+// bias; x, w and the panels end at an inaccessible page, y's padding stays untouched. The same
+// product in pieces (rows in ranges of 5, columns in task steps) and the x-panel kernel
+// (`packed`) must give the same bits: the layer splits work over threads that way, a model's
+// projections must not depend on whether its weights were packed, and a decode step's rows
+// must equal a prompt's.
 BOOST_AUTO_TEST_CASE(linear_panels_match_float64_any_split_and_the_packed_kernel) {
   const LinearKernels& k = *table().linear(DType::F32);
   BOOST_TEST_REQUIRE(k.pack_weights != nullptr);
