@@ -162,30 +162,35 @@ void linear_panels_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in
   const int64_t step = lk.panel_tile_cols();
   const int64_t tiles = (out_features + step - 1) / step;
   const int64_t threads = std::max(1, num_threads());
+  // Where (row block, tile) units do not share evenly among the threads, one more row block if
+  // the blocks stay tall (>= 128 rows; every row block streams the whole weight, from memory in
+  // a model: 512x512x2048 2.52-2.54 ms with four, 2.58-2.62 with three, bench_linear --cold,
+  // two threads, AVX-512), else the panel blocks below.
   int64_t row_blocks = (rows + 239) / 240;
-  // (Row block, column tile) units that the threads cannot share evenly (11 tiles for 512
-  // features on AVX-512, one row block of 128 rows: 6 against 5 at best on two threads) are
-  // split once more by rows, while a block keeps at least 32 rows, when the units are few (< 8
-  // per thread) or the blocks stay tall (>= 128 rows): every row block streams the whole
-  // weight, from memory in a model, and 64-row blocks do not pay that back (bench_linear
-  // --cold, two threads, AVX-512: 128x2048x512, 43 tiles, 0.68-0.69 ms with two row blocks,
-  // 0.63-0.67 without; 512x512x2048 2.52-2.54 with four, 2.58-2.62 with three).
-  if ((row_blocks * tiles) % threads != 0 && rows / (row_blocks + 1) >= 32 &&
-      (row_blocks * tiles < 8 * threads || rows / (row_blocks + 1) >= 128))
-    ++row_blocks;
+  if ((row_blocks * tiles) % threads != 0 && rows / (row_blocks + 1) >= 128) ++row_blocks;
   const int64_t block_rows = (rows + row_blocks - 1) / row_blocks;
   // Column blocks of whole tiles (`step` features), at most 4 tiles each, at least 8 tasks in
   // all, and as many per thread: a count the threads share evenly, sizes within one tile of
   // each other, larger and smaller interleaved. (11 blocks of 4 tiles for 2048 features at 128
   // rows, one row block, gave one thread 6 blocks and the other 5.)
-  int64_t col_blocks = std::max((8 + row_blocks - 1) / row_blocks, (tiles + 3) / 4);
-  col_blocks = std::min(tiles, (col_blocks + threads - 1) / threads * threads);
+  // Where the units still do not share evenly (11 tiles for 512 features on AVX-512, 128 rows:
+  // 6 against 5 at best on two threads), blocks of whole panels instead, as many per thread, of
+  // at least 8 panels (512 features: 4 blocks of 2 tiles and a 2-panel tile): the threads get
+  // the same work at the cost of narrow tiles. bench_linear --cold, two threads, AVX-512,
+  // Zen 5, 2 alternating rounds: 128x512x2048 0.75-0.76 ms against 0.81-0.83 with two 64-row
+  // blocks (the rule before), 128x512x512 0.190 against 0.204-0.205.
+  const bool by_tiles = (row_blocks * tiles) % threads == 0;
+  const int64_t unit = by_tiles ? step : lk.weight_panel;
+  const int64_t units = (out_features + unit - 1) / unit;
+  int64_t col_blocks = by_tiles ? std::max((8 + row_blocks - 1) / row_blocks, (tiles + 3) / 4)
+                                : threads * std::max<int64_t>(1, units / (threads * 8));
+  col_blocks = std::min(units, (col_blocks + threads - 1) / threads * threads);
   parallel_for(0, row_blocks * col_blocks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r0 = (t / col_blocks) * block_rows, cb = t % col_blocks;
-      const int64_t c0 = cb * tiles / col_blocks * step;
+      const int64_t c0 = cb * units / col_blocks * unit;
       const int64_t r1 = std::min(rows, r0 + block_rows);
-      const int64_t c1 = std::min(out_features, (cb + 1) * tiles / col_blocks * step);
+      const int64_t c1 = std::min(out_features, (cb + 1) * units / col_blocks * unit);
       lk.panels(in_features, x, x_stride, r0, r1, panels, out_features, c0, c1, bias, y, y_stride);
       apply_activation_f32(k, act, r0, r1, c0, c1, y, y_stride);
     }
