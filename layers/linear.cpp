@@ -175,10 +175,11 @@ void linear_panels_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in
   // rows, one row block, gave one thread 6 blocks and the other 5.)
   // Where the units still do not share evenly (11 tiles for 512 features on AVX-512, 128 rows:
   // 6 against 5 at best on two threads), blocks of whole panels instead, as many per thread, of
-  // at least 8 panels (512 features: 4 blocks of 2 tiles and a 2-panel tile): the threads get
-  // the same work at the cost of narrow tiles. bench_linear --cold, two threads, AVX-512,
-  // Zen 5, 2 alternating rounds: 128x512x2048 0.75-0.76 ms against 0.81-0.83 with two 64-row
-  // blocks (the rule before), 128x512x512 0.190 against 0.204-0.205.
+  // 8 panels or more where there are that many per thread (512 features: 4 blocks of 2 tiles and
+  // a 2-panel tile; fewer panels: one block per thread): the threads get the same work at the
+  // cost of narrow tiles. bench_linear --cold, two threads, AVX-512, Zen 5, 2 alternating
+  // rounds: 128x512x2048 0.75-0.76 ms against 0.81-0.83 with two 64-row blocks (the rule
+  // before), 128x512x512 0.190 against 0.204-0.205.
   const bool by_tiles = (row_blocks * tiles) % threads == 0;
   const int64_t unit = by_tiles ? step : lk.weight_panel;
   const int64_t units = (out_features + unit - 1) / unit;
