@@ -485,19 +485,23 @@ struct NodeTime {
   // A linear running its reader's activation ("gelu"), or the activation's node run inside the
   // producer named here (its time and FLOPs then count in the producer's row of the tables).
   std::string activation, fused_into;
+  std::string fused_op;  // the op of the node it runs inside ("linear+gelu", "add+layer_norm")
+  std::string summed;    // a layer_norm running the add before it: that add's node
 };
 
 // The --profile table: ms per run summed by op kind (most first), then the 15 slowest nodes,
 // each with its share of all node time and its GFLOP/s.
 void print_profile(const std::vector<NodeTime>& all, uint64_t reps) {
   std::vector<NodeTime> nodes;
-  std::map<std::string, int> fused;  // activation op -> nodes run inside their producer
+  // (op, the op of the node it runs inside) -> nodes run inside another.
+  std::map<std::pair<std::string, std::string>, int> fused;
   for (NodeTime t : all) {
     if (!t.fused_into.empty()) {
-      ++fused[t.op];
+      ++fused[{t.op, t.fused_op}];
       continue;
     }
     if (!t.activation.empty()) t.op += "+" + t.activation;
+    if (!t.summed.empty()) t.op = "add+" + t.op;
     nodes.push_back(std::move(t));
   }
   double total = 0.0;
@@ -505,7 +509,7 @@ void print_profile(const std::vector<NodeTime>& all, uint64_t reps) {
   std::map<std::string, NodeTime> by_op;
   std::map<std::string, int> count;
   for (const NodeTime& t : nodes) {
-    NodeTime& o = by_op.try_emplace(t.op, NodeTime{t.op, t.op, 0.0, 0.0, "", ""}).first->second;
+    NodeTime& o = by_op.try_emplace(t.op, NodeTime{t.op, t.op, 0.0, 0.0, "", "", "", ""}).first->second;
     o.ms += t.ms;
     o.flops += t.flops;
     ++count[t.op];
@@ -545,9 +549,9 @@ void print_profile(const std::vector<NodeTime>& all, uint64_t reps) {
   for (const NodeTime& o : ops) row(o.op, std::to_string(count[o.op]), numbers(o));
   row("slowest node", "op", head);
   for (const NodeTime& t : slowest) row(t.node, t.op, numbers(t));
-  for (const auto& [op, n] : fused)
-    std::cout << "  (" << n << " " << op << " node" << (n == 1 ? "" : "s")
-              << " run inside the linear before them: op+" << op << " above)\n";
+  for (const auto& [ops, n] : fused)
+    std::cout << "  (" << n << " " << ops.first << " node" << (n == 1 ? "" : "s")
+              << " run inside the node next to them: " << ops.second << " above)\n";
 }
 
 int cmd_bench(int argc, char** argv) {
@@ -664,18 +668,24 @@ int cmd_bench(int argc, char** argv) {
     for (size_t i = 0; i < nodes.size(); ++i) {
       NodeTime t{nodes[i].name, nodes[i].op->name(),
                  plan.node_seconds()[i] * 1e3 / static_cast<double>(reps), plan.node_flops()[i],
-                 "", ""};
+                 "", "", "", ""};
       if (plan.node_activations()[i] != Activation::none)
         t.activation = activation_name(plan.node_activations()[i]);
-      if (const int producer = plan.fused_into()[i]; producer >= 0) {
-        // Its FLOPs count where they are spent (the producer runs first: already in `profile`).
-        NodeTime& p = profile[static_cast<size_t>(producer)];
-        p.flops += t.flops;
-        t.fused_into = p.node;
-        t.flops = 0.0;
-      }
+      if (const int j = plan.summed_adds()[i]; j >= 0) t.summed = nodes[static_cast<size_t>(j)].name;
       profile.push_back(std::move(t));
     }
+    // A node run inside another (an activation inside the linear before it, an add inside the
+    // layer_norm after it): its FLOPs count where they are spent.
+    for (size_t i = 0; i < nodes.size(); ++i)
+      if (const int host = plan.fused_into()[i]; host >= 0) {
+        NodeTime& h = profile[static_cast<size_t>(host)];
+        h.flops += profile[i].flops;
+        profile[i].fused_into = h.node;
+        profile[i].fused_op = !h.activation.empty() ? h.op + "+" + h.activation
+                              : !h.summed.empty()   ? "add+" + h.op
+                                                    : h.op;
+        profile[i].flops = 0.0;
+      }
   }
 
   if (cmd.has("json")) {
@@ -695,6 +705,7 @@ int cmd_bench(int argc, char** argv) {
         nlohmann::ordered_json e = {{"node", t.node}, {"op", t.op}, {"ms", t.ms}, {"gflop", t.flops / 1e9}};
         if (!t.activation.empty()) e["activation"] = t.activation;
         if (!t.fused_into.empty()) e["fused_into"] = t.fused_into;
+        if (!t.summed.empty()) e["summed"] = t.summed;
         j["profile"].push_back(std::move(e));
       }
     }

@@ -151,6 +151,34 @@ int main(int argc, char** argv) {
   report_gbs("add_f32 4M", 3.0 * n * sizeof(float),
              median_time(9, [&] { k.add_f32(n, x.data(), y.data(), y.data()); }));
 
+  // A transformer block's residual then its norm, 128 x 512 (256 KiB per operand, L2): add_f32
+  // and layer_norm_rows_f32 one after the other, against add_layer_norm_rows_f32 (the plan's
+  // fusion), with the sum kept and with y as its scratch.
+  {
+    constexpr int64_t kRows = 128, kCols = 512, kN = kRows * kCols, kPasses = 200;
+    std::vector<float> a(x.begin(), x.begin() + kN), b(x.begin() + kN, x.begin() + 2 * kN);
+    std::vector<float> s(kN), out(kN);
+    const auto per_pass = [&](const char* what, auto&& fn) {
+      const Timing t = median_time(9, [&] {
+        for (int64_t p = 0; p < kPasses; ++p) fn();
+      });
+      std::printf("%-44s %8.2f us per pass\n", what, t.cpu / kPasses * 1e6);
+    };
+    per_pass("add_f32 + layer_norm_rows_f32 128x512", [&] {
+      k.add_f32(kN, a.data(), b.data(), s.data());
+      k.layer_norm_rows_f32(kRows, kCols, s.data(), kCols, out.data(), kCols, gamma.data(),
+                            beta.data(), 1e-5f);
+    });
+    per_pass("add_layer_norm_rows_f32 128x512, sum kept", [&] {
+      k.add_layer_norm_rows_f32(kRows, kCols, a.data(), kCols, b.data(), kCols, s.data(), kCols,
+                                out.data(), kCols, gamma.data(), beta.data(), 1e-5f);
+    });
+    per_pass("add_layer_norm_rows_f32 128x512, no sum", [&] {
+      k.add_layer_norm_rows_f32(kRows, kCols, a.data(), kCols, b.data(), kCols, out.data(),
+                                kCols, out.data(), kCols, gamma.data(), beta.data(), 1e-5f);
+    });
+  }
+
   // Rotary: 2048 positions x 16 heads x 64 dims in place (8 MiB read and written), plus the
   // cos/sin tables (2048 x 32 x 2 floats, read once).
   {

@@ -136,6 +136,13 @@ struct KernelTable {
   void (*layer_norm_rows_f32)(int64_t rows, int64_t cols, const float* x, int64_t x_stride,
                               float* y, int64_t y_stride, const float* gamma, const float* beta,
                               float eps);
+  // sum[r, :] = x[r, :] + residual[r, :], then y[r, :] = layer_norm_rows_f32 of sum[r, :]: the
+  // bits of add_f32 followed by layer_norm_rows_f32, in one pass. sum and y may alias x, residual
+  // or each other with the same strides (sum = y: a scratch row for a caller with no use for it).
+  void (*add_layer_norm_rows_f32)(int64_t rows, int64_t cols, const float* x, int64_t x_stride,
+                                  const float* residual, int64_t residual_stride, float* sum,
+                                  int64_t sum_stride, float* y, int64_t y_stride,
+                                  const float* gamma, const float* beta, float eps) = nullptr;
 
   // The elementwise maps the backend has ("relu", ...): a new map is one entry in the backend's
   // list, not a new slot here. unary_map_f32 finds one by name (null when absent).

@@ -276,6 +276,7 @@ class BinaryOp : public Op {
     a.finish();
   }
   const char* name() const override { return op_; }
+  bool is_add() const override { return std::string_view(op_) == "add"; }
   std::vector<PortSpec> input_ports() const override { return {{"a"}, {"b"}}; }
   std::vector<std::string> output_ports() const override { return {"out"}; }
   InferResult infer(const InputTypes& in, SymbolBindings&) const override {

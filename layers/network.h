@@ -273,8 +273,11 @@ class Plan {
   // a relu / gelu: the pair runs as one node, the activation in place in the linear's output,
   // which the activation's output then shares), and for such an activation's node the node that
   // runs it (-1 for every other node).
+  // Also -1 or the node that runs it for an `add` whose output the layer_norm right after it
+  // normalizes: that node forms the sum itself (summed_adds: per node, the add it runs, or -1).
   const std::vector<Activation>& node_activations() const { return node_activation_; }
   const std::vector<int>& fused_into() const { return fused_into_; }
+  const std::vector<int>& summed_adds() const { return summed_add_; }
 
  private:
   void bind_inputs(const std::map<std::string, Tensor>& inputs);
@@ -304,6 +307,8 @@ class Plan {
   bool reads_last_position_copy(size_t node, int id) const;
   std::vector<Activation> node_activation_;  // per node
   std::vector<int> fused_into_;              // per node
+  std::vector<int> summed_add_;              // per node: the add it runs first, or -1
+  std::vector<char> writes_sum_;             // per node with a summed add: its output has other readers
   std::vector<std::vector<const Tensor*>> node_in_;
   std::vector<std::vector<Tensor*>> node_out_;
   std::vector<std::pair<std::string, Tensor>> outputs_;

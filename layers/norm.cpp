@@ -11,12 +11,24 @@
 
 namespace tessera {
 
-void layer_norm_into(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
-                     Tensor& y, const std::string& where) {
-  Tensor xs, gs, bs;
+namespace {
+
+// layer_norm_into and add_layer_norm_into: `residual` (with `sum`, or y as its scratch) only
+// for the latter.
+void layer_norm_rows(const Tensor& x, const Tensor* residual, Tensor* sum, const Tensor& gamma,
+                     const Tensor& beta, double eps, Tensor& y, const std::string& where) {
+  Tensor xs, rs, gs, bs;
   const Tensor& xc = f32_contiguous(x, xs, "x", where);
   if (xc.dim() < 1) fail(ErrorCode::Shape, where, "x " + xc.shape_str() + " has no last dim");
   const int64_t D = xc.size(-1);
+  const float* r = nullptr;
+  if (residual) {
+    const Tensor& rc = f32_contiguous(*residual, rs, "residual", where);
+    if (rc.shape() != xc.shape())
+      fail(ErrorCode::Shape, where,
+           "residual " + rc.shape_str() + " is not the shape of x " + xc.shape_str());
+    r = rc.data<float>();
+  }
   const float* g = nullptr;
   const float* b = nullptr;
   if (gamma.defined()) {
@@ -32,15 +44,34 @@ void layer_norm_into(const Tensor& x, const Tensor& gamma, const Tensor& beta, d
     b = f32_contiguous(beta, bs, "bias", where).data<float>();
   }
   check_output(y, xc.shape(), "y", where);
+  if (sum) check_output(*sum, xc.shape(), "sum", where);
   if (D == 0 || xc.numel() == 0) return;
   const int64_t rows = xc.numel() / D;
   const float* xp = xc.data<float>();
   float* yp = y.data<float>();
+  float* sp = sum ? sum->data<float>() : yp;
   const KernelTable& k = cpu_device().kernels();
   const float e = static_cast<float>(eps);
   parallel_for(0, rows, std::max<int64_t>(1, kElementGrain / D), [&](int64_t r0, int64_t r1) {
-    k.layer_norm_rows_f32(r1 - r0, D, xp + r0 * D, D, yp + r0 * D, D, g, b, e);
+    if (r)
+      k.add_layer_norm_rows_f32(r1 - r0, D, xp + r0 * D, D, r + r0 * D, D, sp + r0 * D, D,
+                                yp + r0 * D, D, g, b, e);
+    else
+      k.layer_norm_rows_f32(r1 - r0, D, xp + r0 * D, D, yp + r0 * D, D, g, b, e);
   });
+}
+
+}  // namespace
+
+void layer_norm_into(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
+                     Tensor& y, const std::string& where) {
+  layer_norm_rows(x, nullptr, nullptr, gamma, beta, eps, y, where);
+}
+
+void add_layer_norm_into(const Tensor& x, const Tensor& residual, const Tensor& gamma,
+                         const Tensor& beta, double eps, Tensor* sum, Tensor& y,
+                         const std::string& where) {
+  layer_norm_rows(x, &residual, sum, gamma, beta, eps, y, where);
 }
 
 LayerNorm::LayerNorm(int64_t dim, double eps, bool elementwise_affine)
@@ -72,6 +103,17 @@ void LayerNorm::forward_into(const Tensor& x, Tensor& y, const std::string& wher
   layer_norm_into(x, gamma, beta, eps_, y, where);
 }
 
+void LayerNorm::forward_summed_into(const Tensor& x, const Tensor& residual, Tensor* sum,
+                                    Tensor& y, const std::string& where) const {
+  if (x.dim() < 1 || x.size(-1) != dim_)
+    fail(ErrorCode::Shape, where,
+         "x " + x.shape_str() + " does not end in the normalized dim D=" + std::to_string(dim_));
+  static const Tensor kNone;
+  const Tensor& gamma = affine_ ? params_.tensor("weight") : kNone;
+  const Tensor& beta = affine_ ? params_.tensor("bias") : kNone;
+  add_layer_norm_into(x, residual, gamma, beta, eps_, sum, y, where);
+}
+
 Tensor LayerNorm::forward(const Tensor& x) const {
   Tensor y = Tensor::empty(x.shape(), DType::F32);
   forward_into(x, y);
@@ -94,6 +136,10 @@ class LayerNormLayer : public OpLayer {
                Workspace&) const override {
     norm_.forward_into(*in[0], *out[0], where_);
   }
+  void forward_summed(const Tensor& x, const Tensor& residual, Tensor* sum,
+                      std::span<Tensor* const> out, Workspace&) const override {
+    norm_.forward_summed_into(x, residual, sum, *out[0], where_);
+  }
 
  private:
   LayerNorm norm_;
@@ -112,6 +158,7 @@ class LayerNormOp : public Op {
            "eps=" + nlohmann::ordered_json(eps_).dump() + " must be finite and >= 0");
   }
   const char* name() const override { return "layer_norm"; }
+  bool normalizes_sum() const override { return true; }
   std::vector<PortSpec> input_ports() const override { return {{"x"}}; }
   std::vector<std::string> output_ports() const override { return {"out"}; }
 

@@ -15,6 +15,13 @@ namespace tessera {
 void layer_norm_into(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
                      Tensor& y, const std::string& where);
 
+// layer_norm_into(x + residual): the sum formed row by row and normalized in the same pass
+// (one read of each operand). `residual` has x's shape; `sum`, when not null, receives x + residual
+// (the bits add_into gives). Allocates nothing when x and residual are contiguous float32.
+void add_layer_norm_into(const Tensor& x, const Tensor& residual, const Tensor& gamma,
+                         const Tensor& beta, double eps, Tensor* sum, Tensor& y,
+                         const std::string& where);
+
 // nn.LayerNorm(D, eps, elementwise_affine) over the last dim: parameters `weight` [D] (ones)
 // and `bias` [D] (zeros) when elementwise_affine.
 class LayerNorm {
@@ -28,6 +35,9 @@ class LayerNorm {
   // x [..., D] -> y [..., D] float32 (y allocated by the caller). Thread-safe (const).
   void forward_into(const Tensor& x, Tensor& y, const std::string& where = "layer_norm") const;
   Tensor forward(const Tensor& x) const;
+  // forward_into(x + residual), the sum also written to `sum` when not null (add_layer_norm_into).
+  void forward_summed_into(const Tensor& x, const Tensor& residual, Tensor* sum, Tensor& y,
+                           const std::string& where = "layer_norm") const;
 
  private:
   int64_t dim_;

@@ -129,6 +129,12 @@ class OpLayer {
   // calls it in place of the activation's own node; a per_position op, so also for steps).
   virtual void forward_activated(std::span<const Tensor* const> in, std::span<Tensor* const> out,
                                  Workspace& workspace, Activation act) const;
+  // forward on the single input x + residual, with that sum also written to `sum` when not null,
+  // for a layer whose op normalizes_sum() (the plan calls it in place of an add's node and this
+  // one's; both per_position ops, so also for steps). x and residual: contiguous float32 of the
+  // input's shape.
+  virtual void forward_summed(const Tensor& x, const Tensor& residual, Tensor* sum,
+                              std::span<Tensor* const> out, Workspace& workspace) const;
 };
 
 // A parameterless op's layer: forward is a function of the inputs and the op's arguments.
@@ -192,6 +198,11 @@ class Op {
   // where the producer's output has no other reader.
   virtual Activation as_activation() const { return Activation::none; }
   virtual bool applies_activation() const { return false; }
+  // The same for a residual sum: an `add` of two inputs says so, and an op whose layer can form
+  // that sum itself ahead of its own work (forward_summed: layer_norm) says so. A plan runs an
+  // add and such a node right after it, reading its output, as one node.
+  virtual bool is_add() const { return false; }
+  virtual bool normalizes_sum() const { return false; }
   // A cached node's cache for `batch` sequences of `capacity` positions, in floats.
   virtual int64_t cache_floats(const InputTypes& in, int64_t batch, int64_t capacity) const {
     (void)in;

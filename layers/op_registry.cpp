@@ -103,6 +103,11 @@ void OpLayer::forward_activated(std::span<const Tensor* const>, std::span<Tensor
   fail(ErrorCode::Internal, "plan", "a fused activation on a layer that does not apply one");
 }
 
+void OpLayer::forward_summed(const Tensor&, const Tensor&, Tensor*, std::span<Tensor* const>,
+                             Workspace&) const {
+  fail(ErrorCode::Internal, "plan", "a fused residual sum on a layer that does not form one");
+}
+
 const std::vector<std::string>& op_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> n;

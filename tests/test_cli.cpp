@@ -493,7 +493,9 @@ BOOST_AUTO_TEST_CASE(bench_reports_times_and_json) {
 // --profile: one entry per node of the network, in its order, with the op's name; the nodes'
 // FLOPs add up to the plan's (the op costs, counted node by node), times are positive except
 // for an activation run inside its linear (the encoder's gelu: "fused_into" names the linear,
-// which says "activation"; its FLOPs count there). The text form adds the two tables.
+// which says "activation"; its FLOPs count there) and an add run inside the layer_norm after it
+// ("fused_into" names the layer_norm, whose "summed" names the add). The text form adds the two
+// tables.
 BOOST_AUTO_TEST_CASE(bench_profiles_every_node) {
   Result r = cli_run({"bench", kEncoder, "--shape", "x=2,16,64", "--warmup", "0", "--reps", "2",
                       "--json", "--profile"});
@@ -505,7 +507,7 @@ BOOST_AUTO_TEST_CASE(bench_profiles_every_node) {
   const auto& nodes = spec["nodes"];
   BOOST_REQUIRE(j["profile"].size() == nodes.size());
   double gflop = 0.0;
-  int fused = 0;
+  int fused = 0, summed = 0;
   for (size_t i = 0; i < nodes.size(); ++i) {
     const auto& p = j["profile"][i];
     BOOST_TEST(p["node"].get<std::string>() == nodes[i]["name"].get<std::string>());
@@ -518,14 +520,21 @@ BOOST_AUTO_TEST_CASE(bench_profiles_every_node) {
         return e["node"] == p["fused_into"];
       });
       BOOST_TEST_REQUIRE((producer != j["profile"].end()));
-      BOOST_TEST((*producer)["op"].get<std::string>() == "linear");
-      BOOST_TEST((*producer)["activation"].get<std::string>() == p["op"].get<std::string>());
+      if (p["op"] == "add") {
+        ++summed;
+        BOOST_TEST((*producer)["op"].get<std::string>() == "layer_norm");
+        BOOST_TEST((*producer)["summed"] == p["node"]);
+      } else {
+        BOOST_TEST((*producer)["op"].get<std::string>() == "linear");
+        BOOST_TEST((*producer)["activation"].get<std::string>() == p["op"].get<std::string>());
+      }
     } else {
       BOOST_TEST(p["ms"].get<double>() > 0.0);
     }
     gflop += p["gflop"].get<double>();
   }
   BOOST_TEST(fused >= 1);
+  BOOST_TEST(summed >= 1);
   BOOST_TEST(std::abs(gflop * 1e9 - j["flops"].get<double>()) <= 1e-9 * j["flops"].get<double>());
   r = cli_run({"bench", kEncoder, "--shape", "x=2,16,64", "--warmup", "0", "--reps", "1",
                "--profile"});

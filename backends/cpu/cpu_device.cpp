@@ -26,6 +26,7 @@ KernelTable make_cpu_kernels() {
   t.add_f32 = cpu::add_f32;
   t.gelu_f32 = cpu::gelu_f32;
   t.layer_norm_rows_f32 = cpu::layer_norm_rows_f32;
+  t.add_layer_norm_rows_f32 = cpu::add_layer_norm_rows_f32;
   t.unary_maps_f32 = cpu::unary_maps_f32(&t.unary_map_count);
   t.binary_maps_f32 = cpu::binary_maps_f32(&t.binary_map_count);
   t.softmax_columns_f32 = cpu::softmax_columns_f32;

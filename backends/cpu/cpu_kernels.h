@@ -72,6 +72,10 @@ void add_f32(int64_t n, const float* a, const float* b, float* y);
 void gelu_f32(int64_t n, const float* x, float* y, bool tanh_approx);
 void layer_norm_rows_f32(int64_t rows, int64_t cols, const float* x, int64_t x_stride, float* y,
                          int64_t y_stride, const float* gamma, const float* beta, float eps);
+void add_layer_norm_rows_f32(int64_t rows, int64_t cols, const float* x, int64_t x_stride,
+                             const float* residual, int64_t residual_stride, float* sum,
+                             int64_t sum_stride, float* y, int64_t y_stride, const float* gamma,
+                             const float* beta, float eps);
 // Every elementwise map y = f(x) of elementwise_f32.cc, by the op it serves (KernelTable's
 // unary_maps_f32); `count` receives the number of entries.
 const NamedUnaryMapF32* unary_maps_f32(int64_t* count);

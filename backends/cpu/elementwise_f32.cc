@@ -358,8 +358,16 @@ void GeluF32(int64_t n, const float* x, float* y, bool tanh_approx) {
 // rounding the mean to float lost (half an ulp of 1000 is 3e-5 std; without the lo part the
 // tests' mean-1000 rows are 7e-5 off, with it 1e-6). Several accumulators per sum (four in
 // pass 1, two per sum in pass 2) hide the add latency and shorten each lane's float sum.
-void LayerNormRowsF32(int64_t rows, int64_t cols, const float* x, int64_t x_stride, float* y,
-                      int64_t y_stride, const float* gamma, const float* beta, float eps) {
+// With a residual (AddLayerNormRowsF32), pass 1 first forms s = x + residual, stores it in the
+// `sum` row and sums what it stored, in the same order as pass 1 over a stored s: the pair gives
+// the bits of add_f32 then layer_norm_rows_f32, in one read of x and one of the residual
+// instead of three reads and a write, and one parallel phase instead of two. Passes 2 and 3 then
+// read s back from `sum`, which is still in L1 (a row of up to 8192 floats is 32 KiB).
+template <bool kResidual>
+HWY_INLINE void LayerNormRowsImpl(int64_t rows, int64_t cols, const float* x, int64_t x_stride,
+                                  const float* residual, int64_t residual_stride, float* sum,
+                                  int64_t sum_stride, float* y, int64_t y_stride,
+                                  const float* gamma, const float* beta, float eps) {
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
   const size_t N = hn::Lanes(d);
@@ -368,18 +376,34 @@ void LayerNormRowsF32(int64_t rows, int64_t cols, const float* x, int64_t x_stri
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * x_stride;
     float* yr = y + r * y_stride;
+    // Pass 1's loads: x, or x + residual stored to the sum row (which passes 2 and 3 then read).
+    [[maybe_unused]] const float* rr = kResidual ? residual + r * residual_stride : nullptr;
+    [[maybe_unused]] float* sr = kResidual ? sum + r * sum_stride : nullptr;
+    const auto load = [&](size_t j) HWY_ATTR -> V {
+      if constexpr (!kResidual) {
+        return hn::LoadU(d, xr + j);
+      } else {
+        const V v = hn::Add(hn::LoadU(d, xr + j), hn::LoadU(d, rr + j));
+        hn::StoreU(v, d, sr + j);
+        return v;
+      }
+    };
 
     V a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
     size_t i = 0;
     for (; i + 4 * N <= n; i += 4 * N) {
-      a0 = hn::Add(a0, hn::LoadU(d, xr + i));
-      a1 = hn::Add(a1, hn::LoadU(d, xr + i + N));
-      a2 = hn::Add(a2, hn::LoadU(d, xr + i + 2 * N));
-      a3 = hn::Add(a3, hn::LoadU(d, xr + i + 3 * N));
+      a0 = hn::Add(a0, load(i));
+      a1 = hn::Add(a1, load(i + N));
+      a2 = hn::Add(a2, load(i + 2 * N));
+      a3 = hn::Add(a3, load(i + 3 * N));
     }
-    for (; i + N <= n; i += N) a0 = hn::Add(a0, hn::LoadU(d, xr + i));
+    for (; i + N <= n; i += N) a0 = hn::Add(a0, load(i));
     float tail_sum = 0.0f;
-    for (; i < n; ++i) tail_sum += xr[i];
+    for (; i < n; ++i) {
+      if constexpr (kResidual) sr[i] = xr[i] + rr[i];
+      tail_sum += kResidual ? sr[i] : xr[i];
+    }
+    if constexpr (kResidual) xr = sr;
     const float m0 =
         (hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)))) + tail_sum) /
         static_cast<float>(n);
@@ -431,6 +455,20 @@ void LayerNormRowsF32(int64_t rows, int64_t cols, const float* x, int64_t x_stri
     for (; i + N <= n; i += N) hn::StoreU(normalize(hn::LoadU(d, xr + i), i, false), d, yr + i);
     if (i < n) StoreTail(d, normalize(LoadTail(d, xr + i, n - i, 0.0f), i, true), yr + i, n - i);
   }
+}
+
+void LayerNormRowsF32(int64_t rows, int64_t cols, const float* x, int64_t x_stride, float* y,
+                      int64_t y_stride, const float* gamma, const float* beta, float eps) {
+  LayerNormRowsImpl<false>(rows, cols, x, x_stride, nullptr, 0, nullptr, 0, y, y_stride, gamma,
+                           beta, eps);
+}
+
+void AddLayerNormRowsF32(int64_t rows, int64_t cols, const float* x, int64_t x_stride,
+                         const float* residual, int64_t residual_stride, float* sum,
+                         int64_t sum_stride, float* y, int64_t y_stride, const float* gamma,
+                         const float* beta, float eps) {
+  LayerNormRowsImpl<true>(rows, cols, x, x_stride, residual, residual_stride, sum, sum_stride, y,
+                          y_stride, gamma, beta, eps);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -527,6 +565,7 @@ HWY_EXPORT(SigmoidMapF32);
 HWY_EXPORT(TanhMapF32);
 HWY_EXPORT(SoftmaxColumnsF32);
 HWY_EXPORT(LayerNormRowsF32);
+HWY_EXPORT(AddLayerNormRowsF32);
 
 namespace cpu {
 int64_t dispatched_target() { return HWY_DYNAMIC_DISPATCH(DispatchedTarget)(); }
@@ -599,6 +638,13 @@ void gelu_f32(int64_t n, const float* x, float* y, bool tanh_approx) {
 void layer_norm_rows_f32(int64_t rows, int64_t cols, const float* x, int64_t x_stride, float* y,
                          int64_t y_stride, const float* gamma, const float* beta, float eps) {
   HWY_DYNAMIC_DISPATCH(LayerNormRowsF32)(rows, cols, x, x_stride, y, y_stride, gamma, beta, eps);
+}
+void add_layer_norm_rows_f32(int64_t rows, int64_t cols, const float* x, int64_t x_stride,
+                             const float* residual, int64_t residual_stride, float* sum,
+                             int64_t sum_stride, float* y, int64_t y_stride, const float* gamma,
+                             const float* beta, float eps) {
+  HWY_DYNAMIC_DISPATCH(AddLayerNormRowsF32)(rows, cols, x, x_stride, residual, residual_stride,
+                                            sum, sum_stride, y, y_stride, gamma, beta, eps);
 }
 void softmax_columns_f32(int64_t rows, int64_t cols, const float* x, int64_t x_stride, float* y,
                          int64_t y_stride) {
