@@ -63,4 +63,18 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain,
       oneapi::tbb::simple_partitioner());
 }
 
+void parallel_for_each(int64_t begin, int64_t end, FunctionRef<void(int64_t, int64_t)> fn) {
+  if (end <= begin) return;
+  if (num_threads() == 1 || end - begin == 1) {
+    fn(begin, end);
+    return;
+  }
+  oneapi::tbb::parallel_for(
+      oneapi::tbb::blocked_range<int64_t>(begin, end, 1),
+      [&](const oneapi::tbb::blocked_range<int64_t>& r) {
+        for (int64_t i = r.begin(); i < r.end(); ++i) fn(i, i + 1);
+      },
+      oneapi::tbb::simple_partitioner());
+}
+
 }  // namespace tessera

@@ -21,4 +21,10 @@ int hardware_threads();
 void parallel_for(int64_t begin, int64_t end, int64_t grain,
                   FunctionRef<void(int64_t, int64_t)> fn);
 
+// parallel_for with every index a chunk of its own, for tasks that each outweigh the scheduling
+// by far (an attention tile: 0.05-3.5 ms). parallel_for bundles up to n / (16 * threads)
+// indices per chunk, and the last chunk of a loop runs while the other thread waits: at
+// T = 4096 (128 tiles of 3.4 ms, 4 per chunk) a 13.6 ms chunk in a 124 ms loop on two threads.
+void parallel_for_each(int64_t begin, int64_t end, FunctionRef<void(int64_t, int64_t)> fn);
+
 }  // namespace tessera
