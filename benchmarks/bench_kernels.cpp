@@ -151,11 +151,12 @@ int main(int argc, char** argv) {
   report_gbs("add_f32 4M", 3.0 * n * sizeof(float),
              median_time(9, [&] { k.add_f32(n, x.data(), y.data(), y.data()); }));
 
-  // A transformer block's residual then its norm, 128 x 512 (256 KiB per operand, L2): add_f32
-  // and layer_norm_rows_f32 one after the other, against add_layer_norm_rows_f32 (the plan's
+  // A transformer block's residual then its norm: nn.Transformer's 128 x 512 (256 KiB per
+  // operand, L2) and vit_b_16's 197 x 768 (591 KiB: the four operands spill to L3). add_f32 and
+  // layer_norm_rows_f32 one after the other, against add_layer_norm_rows_f32 (the plan's
   // fusion), with the sum kept and with y as its scratch.
-  {
-    constexpr int64_t kRows = 128, kCols = 512, kN = kRows * kCols, kPasses = 200;
+  for (const auto& [kRows, kCols] : {std::pair<int64_t, int64_t>{128, 512}, {197, 768}}) {
+    const int64_t kN = kRows * kCols, kPasses = 200;
     std::vector<float> a(x.begin(), x.begin() + kN), b(x.begin() + kN, x.begin() + 2 * kN);
     std::vector<float> s(kN), out(kN);
     const auto per_pass = [&](const char* what, auto&& fn) {
@@ -164,16 +165,17 @@ int main(int argc, char** argv) {
       });
       std::printf("%-44s %8.2f us per pass\n", what, t.cpu / kPasses * 1e6);
     };
-    per_pass("add_f32 + layer_norm_rows_f32 128x512", [&] {
+    const std::string shape = std::to_string(kRows) + "x" + std::to_string(kCols);
+    per_pass(("add_f32 + layer_norm_rows_f32 " + shape).c_str(), [&] {
       k.add_f32(kN, a.data(), b.data(), s.data());
       k.layer_norm_rows_f32(kRows, kCols, s.data(), kCols, out.data(), kCols, gamma.data(),
                             beta.data(), 1e-5f);
     });
-    per_pass("add_layer_norm_rows_f32 128x512, sum kept", [&] {
+    per_pass(("add_layer_norm_rows_f32 " + shape + ", sum kept").c_str(), [&] {
       k.add_layer_norm_rows_f32(kRows, kCols, a.data(), kCols, b.data(), kCols, s.data(), kCols,
                                 out.data(), kCols, gamma.data(), beta.data(), 1e-5f);
     });
-    per_pass("add_layer_norm_rows_f32 128x512, no sum", [&] {
+    per_pass(("add_layer_norm_rows_f32 " + shape + ", no sum").c_str(), [&] {
       k.add_layer_norm_rows_f32(kRows, kCols, a.data(), kCols, b.data(), kCols, out.data(),
                                 kCols, out.data(), kCols, gamma.data(), beta.data(), 1e-5f);
     });

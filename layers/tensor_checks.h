@@ -32,7 +32,8 @@ int64_t seq_axis(const SymShape& shape, const std::string& seq);
 // loses under KVM, where waking a worker costs tens of us: at 16K, nn.Transformer's 30 adds and
 // 32 layer norms over [128, 512] took 1.5-1.6 and 1.7-2.0 ms per run on 2 threads against 1.0
 // and 0.7 ms on one (Zen 4, tessera bench --profile); at 64K they run inline, 0.8-0.9 and
-// 1.1-1.4 ms on 2 threads.
+// 1.1-1.4 ms on 2 threads. (Layer norms, now fused with the add before them, take one block per
+// thread instead: layers/norm.cpp.)
 inline constexpr int64_t kElementGrain = 65536;
 
 }  // namespace tessera
