@@ -78,8 +78,12 @@ constexpr int64_t kColFloats = int64_t{1} << 20;
 //   ViT-B/32 patches, 224, N = 1 (49 patches x 3072 -> 768)     37-41 / 57-61
 //   3x3 conv, 256 -> 256 channels at 14x14 (196 x 2304)         61-64 / 65-66
 // (torch 1.13 with mkldnn, one thread, same rounds: 63, 40-55, 81, 62-67, 20-29, 77.) So the
-// packed kernel takes a forward of at least kPackedPatches patches (N * oh * ow) and a whole
-// panel of channels per group (below one panel most of each panel would be padding).
+// packed kernel takes a forward of at least kPackedPatches patches (N * oh * ow), or fewer where
+// the backend prefers it to OpenBLAS for that shape (LinearKernels::preferred; the weight plays
+// the packed rows): on AVX-512 it always does, and ViT-B/16's N = 1 patches take 1.70-1.80 ms
+// against OpenBLAS's 2.69 (Zen 5, one thread, OPENBLAS_CORETYPE=Haswell), on AVX2 it does from
+// k = 256, a tie there (2.55-2.65 against 2.53-2.61 ms, forced AVX2 on the same Zen 5). And a
+// whole panel of channels per group (below one panel most of each panel would be padding).
 constexpr int64_t kPackedPatches = 1024;
 constexpr int64_t kTaskPatches = 96;
 constexpr int64_t kTaskPanelFloats = int64_t{128} << 10;
@@ -97,7 +101,12 @@ struct ConvLayout {
   // patches, transposed; OpenBLAS takes them in place (W x), nothing is gathered.
   bool pointwise = false;
   const LinearKernels* lk = nullptr;  // the packed GEMM, or null: OpenBLAS
-  int64_t panels = 0;                 // weight panels per group (packed GEMM)
+  // Whether any target could take the packed GEMM (its `preferred` needs 64 patches at least):
+  // the scratch holds the packed weight then, as the dispatched target may change after a plan
+  // is sized (tests run every target; TESSERA_HWY_TARGET).
+  bool may_pack = false;
+  int64_t panel_rows = 0;  // output channels per weight panel (when may_pack)
+  int64_t panels = 0;      // weight panels per group (when may_pack)
 };
 
 // The one place that decides how a forward runs; sizes as infer checked them (no overflow).
@@ -117,9 +126,12 @@ ConvLayout conv_layout(const Device& device, const Conv2dOptions& o, const Conv2
   const int64_t row_floats = s.out_w * l.patch_k;
   l.block_rows = std::clamp<int64_t>(kColFloats / row_floats, 1, std::max<int64_t>(l.rows, 1));
   const LinearKernels* lk = device.kernels().linear(DType::F32);
-  if (lk && l.out_g >= lk->panel_rows && s.batch * l.plane >= kPackedPatches) {
-    l.lk = lk;
+  const int64_t patches = s.batch * l.plane;
+  if (lk && l.out_g >= lk->panel_rows && patches >= 64) {
+    l.may_pack = true;
+    l.panel_rows = lk->panel_rows;
     l.panels = (l.out_g + lk->panel_rows - 1) / lk->panel_rows;
+    if (patches >= kPackedPatches || lk->preferred(l.out_g, l.group_k, patches)) l.lk = lk;
   }
   return l;
 }
@@ -134,7 +146,7 @@ ConvScratch take_conv_scratch(const ConvLayout& l, const Conv2dOptions& o, const
   ConvScratch sc;
   if (l.rows == 0 || l.pointwise) return sc;
   sc.col = ws.take<float>(l.block_rows * s.out_w * l.patch_k);
-  if (l.lk) sc.packed = ws.take<float>(o.groups * l.panels * l.lk->panel_rows * l.group_k);
+  if (l.may_pack) sc.packed = ws.take<float>(o.groups * l.panels * l.panel_rows * l.group_k);
   return sc;
 }
 
