@@ -714,11 +714,11 @@ BufferAssignment assign_buffers(const Network& net, const std::vector<ValueType>
   constexpr int kForever = std::numeric_limits<int>::max();
   std::vector<int> last_use(n_values, -1);
   for (size_t i = 0; i < nodes.size(); ++i) {
-    for (int id : nodes[i].outputs)
-      last_use[static_cast<size_t>(id)] = std::max(last_use[static_cast<size_t>(id)], static_cast<int>(i));
+    for (int id : nodes[i].outputs) last_use[static_cast<size_t>(id)] = static_cast<int>(i);
+    // Nodes come in order, so a later reader still overwrites i + 1.
     const int reads_at = static_cast<int>(i) + (runs_with_next[i] ? 1 : 0);
     for (int id : nodes[i].inputs)
-      if (id >= 0) last_use[static_cast<size_t>(id)] = std::max(last_use[static_cast<size_t>(id)], reads_at);
+      if (id >= 0) last_use[static_cast<size_t>(id)] = reads_at;
   }
   for (const auto& out : net.outputs()) last_use[static_cast<size_t>(out.second)] = kForever;
   for (size_t v = 0; v < n_values; ++v)
@@ -994,25 +994,23 @@ Plan::Plan(const Model& model, const std::map<std::string, TensorDesc>& inputs,
     for (int id : node.inputs)
       if (id >= 0) ++readers[static_cast<size_t>(id)];
   for (const auto& out : net.outputs()) ++readers[static_cast<size_t>(out.second)];
-  {
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      const Activation act = nodes[i].op->as_activation();
-      if (act == Activation::none || nodes[i].inputs.size() != 1 || nodes[i].outputs.size() != 1)
-        continue;
-      const int u = nodes[i].inputs[0];
-      if (u < 0 || readers[static_cast<size_t>(u)] != 1) continue;
-      const NetworkValue& nu = net.values()[static_cast<size_t>(u)];
-      if (nu.port != 0 || nu.producer < 0) continue;
-      const size_t j = static_cast<size_t>(nu.producer);
-      if (!nodes[j].op->applies_activation() || nodes[j].outputs.size() != 1 ||
-          node_activation_[j] != Activation::none || reads_last_position_copy(i, u) ||
-          last_position_node_[i] != last_position_node_[j] ||
-          types_[static_cast<size_t>(u)].dtype != DType::F32)
-        continue;
-      node_activation_[j] = act;
-      fused_into_[i] = static_cast<int>(j);
-      in_place[static_cast<size_t>(nodes[i].outputs[0])] = u;
-    }
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const Activation act = nodes[i].op->as_activation();
+    if (act == Activation::none || nodes[i].inputs.size() != 1 || nodes[i].outputs.size() != 1)
+      continue;
+    const int u = nodes[i].inputs[0];
+    if (u < 0 || readers[static_cast<size_t>(u)] != 1) continue;
+    const NetworkValue& nu = net.values()[static_cast<size_t>(u)];
+    if (nu.port != 0 || nu.producer < 0) continue;
+    const size_t j = static_cast<size_t>(nu.producer);
+    if (!nodes[j].op->applies_activation() || nodes[j].outputs.size() != 1 ||
+        node_activation_[j] != Activation::none || reads_last_position_copy(i, u) ||
+        last_position_node_[i] != last_position_node_[j] ||
+        types_[static_cast<size_t>(u)].dtype != DType::F32)
+      continue;
+    node_activation_[j] = act;
+    fused_into_[i] = static_cast<int>(j);
+    in_place[static_cast<size_t>(nodes[i].outputs[0])] = u;
   }
   // Fusion: an add whose output the node right after it normalizes (a transformer block's
   // residual, then its layer_norm) runs inside that node: one pass that forms the sum row by row

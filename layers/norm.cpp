@@ -13,8 +13,8 @@ namespace tessera {
 
 namespace {
 
-// layer_norm_into and add_layer_norm_into: `residual` (with `sum`, or y as its scratch) only
-// for the latter.
+// layer_norm_into, add_layer_norm_into and LayerNorm: `residual` (with `sum`, or y as its scratch)
+// only for a summed norm.
 void layer_norm_rows(const Tensor& x, const Tensor* residual, Tensor* sum, const Tensor& gamma,
                      const Tensor& beta, double eps, Tensor& y, const std::string& where) {
   Tensor xs, rs, gs, bs;
@@ -102,6 +102,16 @@ void LayerNorm::reset_parameters() {
 }
 
 void LayerNorm::forward_into(const Tensor& x, Tensor& y, const std::string& where) const {
+  normalize(x, nullptr, nullptr, y, where);
+}
+
+void LayerNorm::forward_summed_into(const Tensor& x, const Tensor& residual, Tensor* sum,
+                                    Tensor& y, const std::string& where) const {
+  normalize(x, &residual, sum, y, where);
+}
+
+void LayerNorm::normalize(const Tensor& x, const Tensor* residual, Tensor* sum, Tensor& y,
+                          const std::string& where) const {
   if (x.dim() < 1 || x.size(-1) != dim_)
     fail(ErrorCode::Shape, where,
          "x " + x.shape_str() + " does not end in the normalized dim D=" + std::to_string(dim_));
@@ -109,18 +119,7 @@ void LayerNorm::forward_into(const Tensor& x, Tensor& y, const std::string& wher
   static const Tensor kNone;
   const Tensor& gamma = affine_ ? params_.tensor("weight") : kNone;
   const Tensor& beta = affine_ ? params_.tensor("bias") : kNone;
-  layer_norm_into(x, gamma, beta, eps_, y, where);
-}
-
-void LayerNorm::forward_summed_into(const Tensor& x, const Tensor& residual, Tensor* sum,
-                                    Tensor& y, const std::string& where) const {
-  if (x.dim() < 1 || x.size(-1) != dim_)
-    fail(ErrorCode::Shape, where,
-         "x " + x.shape_str() + " does not end in the normalized dim D=" + std::to_string(dim_));
-  static const Tensor kNone;
-  const Tensor& gamma = affine_ ? params_.tensor("weight") : kNone;
-  const Tensor& beta = affine_ ? params_.tensor("bias") : kNone;
-  add_layer_norm_into(x, residual, gamma, beta, eps_, sum, y, where);
+  layer_norm_rows(x, residual, sum, gamma, beta, eps_, y, where);
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {

@@ -40,6 +40,10 @@ class LayerNorm {
                            const std::string& where = "layer_norm") const;
 
  private:
+  // forward_into(x [+ residual]): the one check of x and the one lookup of the affine
+  // parameters for both.
+  void normalize(const Tensor& x, const Tensor* residual, Tensor* sum, Tensor& y,
+                 const std::string& where) const;
   int64_t dim_;
   double eps_;
   bool affine_;
