@@ -61,9 +61,11 @@ struct LinearKernels {
   }
   void (*pack_weights)(int64_t n, int64_t k, const float* w, int64_t ldw, int64_t q0, int64_t q1,
                        float* panels) = nullptr;
+  // `panels` also takes the columns the caller computes next, [next_c0, next_c1) (empty for
+  // none): a hint (their weights are prefetched while this call runs), never read or written.
   void (*panels)(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t r1,
-                 const float* panels, int64_t n, int64_t c0, int64_t c1, const float* bias,
-                 float* y, int64_t ldy) = nullptr;
+                 const float* panels, int64_t n, int64_t c0, int64_t c1, int64_t next_c0,
+                 int64_t next_c1, const float* bias, float* y, int64_t ldy) = nullptr;
   void (*panels_matvec)(int64_t m, int64_t k, const float* x, int64_t ldx, const float* panels,
                         int64_t n, int64_t c0, int64_t c1, const float* bias, float* y,
                         int64_t ldy) = nullptr;

@@ -1,6 +1,7 @@
 #include "layers/linear.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "backends/cpu/cpu_device.h"
 #include "core/parallel.h"
@@ -150,8 +151,8 @@ void linear_panels_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in
     return;
   }
   if (one_thread) {
-    lk.panels(in_features, x, x_stride, 0, rows, panels, out_features, 0, out_features, bias, y,
-              y_stride);
+    lk.panels(in_features, x, x_stride, 0, rows, panels, out_features, 0, out_features, 0, 0,
+              bias, y, y_stride);
     apply_activation_f32(k, act, 0, rows, 0, out_features, y, y_stride);
     return;
   }
@@ -186,13 +187,23 @@ void linear_panels_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in
   int64_t col_blocks = by_tiles ? std::max((8 + row_blocks - 1) / row_blocks, (tiles + 3) / 4)
                                 : threads * std::max<int64_t>(1, units / (threads * 8));
   col_blocks = std::min(units, (col_blocks + threads - 1) / threads * threads);
-  parallel_for(0, row_blocks * col_blocks, 1, [&](int64_t t0, int64_t t1) {
+  const int64_t tasks = row_blocks * col_blocks;
+  const auto columns = [&](int64_t t) {
+    const int64_t cb = t % col_blocks;
+    return std::pair<int64_t, int64_t>(
+        cb * units / col_blocks * unit,
+        std::min(out_features, (cb + 1) * units / col_blocks * unit));
+  };
+  parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r0 = (t / col_blocks) * block_rows, cb = t % col_blocks;
-      const int64_t c0 = cb * units / col_blocks * unit;
-      const int64_t r1 = std::min(rows, r0 + block_rows);
-      const int64_t c1 = std::min(out_features, (cb + 1) * units / col_blocks * unit);
-      lk.panels(in_features, x, x_stride, r0, r1, panels, out_features, c0, c1, bias, y, y_stride);
+      const int64_t r0 = (t / col_blocks) * block_rows, r1 = std::min(rows, r0 + block_rows);
+      const auto [c0, c1] = columns(t);
+      // The task after this one is, most of the time, this thread's next (TBB hands a thread
+      // a run of consecutive tasks): the kernel prefetches its first weights.
+      const auto [next_c0, next_c1] =
+          t + 1 < tasks ? columns(t + 1) : std::pair<int64_t, int64_t>(0, 0);
+      lk.panels(in_features, x, x_stride, r0, r1, panels, out_features, c0, c1, next_c0, next_c1,
+                bias, y, y_stride);
       apply_activation_f32(k, act, r0, r1, c0, c1, y, y_stride);
     }
   });

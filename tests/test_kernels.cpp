@@ -1283,14 +1283,14 @@ BOOST_AUTO_TEST_CASE(linear_matvec_matches_float64_and_any_split) {
 
 // The prepacked-weight kernels (a model's projections): pack_weights, then `panels` (rows
 // around every target's tile of 1-8 rows, features around the 16-feature panel and the tile's
-// 16-48 features, depths around the resident order's 256-step blocks and past the streaming
-// order's L1d-sized ones, 512 or 768: k = 1030 is two or three blocks) and `panels_matvec`
-// (1-4 rows), against a float64 product on every target, strided x and y, with and without
-// bias; x, w and the panels end at an inaccessible page, y's padding stays untouched. The same
-// product in pieces (rows in ranges of 5, columns in task steps) and the x-panel kernel
-// (`packed`) must give the same bits: the layer splits work over threads that way, a model's
-// projections must not depend on whether its weights were packed, and a decode step's rows
-// must equal a prompt's.
+// 16-48 features, depths around AVX2's 256-step blocks and past AVX-512's L1d-sized ones, 512
+// or 768: k = 1030 is two or three blocks; each call's next columns prefetched) and
+// `panels_matvec` (1-4 rows), against a float64 product on every target, strided x and y, with
+// and without bias; x, w and the panels end at an inaccessible page, y's padding stays untouched.
+// The same product in pieces (rows in ranges of 5, columns in task steps) and the x-panel
+// kernel (`packed`) must give the same bits: the layer splits work over threads that way, a
+// model's projections must not depend on whether its weights were packed, and a decode step's
+// rows must equal a prompt's.
 BOOST_AUTO_TEST_CASE(linear_panels_match_float64_any_split_and_the_packed_kernel) {
   const LinearKernels& k = *table().linear(DType::F32);
   BOOST_TEST_REQUIRE(k.pack_weights != nullptr);
@@ -1322,16 +1322,17 @@ BOOST_AUTO_TEST_CASE(linear_panels_match_float64_any_split_and_the_packed_kernel
         k.pack_weights(s.n, s.kk, w.data(), s.kk, npanels / 2, npanels, panels.data());
         const float* b = with_bias ? bias.data() : nullptr;
         std::vector<float> y(static_cast<size_t>(s.m * ldy), kSentinel), y2 = y, y3 = y;
-        k.panels(s.kk, x.data(), ldx, 0, s.m, panels.data(), s.n, 0, s.n, b, y.data(), ldy);
+        k.panels(s.kk, x.data(), ldx, 0, s.m, panels.data(), s.n, 0, s.n, 0, 0, b, y.data(), ldy);
         BOOST_TEST(linear_mismatches("panels", s.m, s.n, s.kk, x.data(), ldx, w.data(), b, y,
                                      ldy, kSentinel) == 0);
-        // Columns in steps of one tile and of one weight panel (a partial tile).
+        // Columns in steps of one tile and of one weight panel (a partial tile), each call
+        // told the next step's columns (past n on the last: the kernel clamps them).
         BOOST_TEST_REQUIRE(k.panel_tile_cols() % k.weight_panel == 0);
         const int64_t step = (s.m % 2 == 0) ? k.panel_tile_cols() : k.weight_panel;
         for (int64_t r0 = 0; r0 < s.m; r0 += 5)
           for (int64_t c0 = 0; c0 < s.n; c0 += step)
             k.panels(s.kk, x.data(), ldx, r0, std::min(s.m, r0 + 5), panels.data(), s.n, c0,
-                     c0 + step, b, y2.data(), ldy);
+                     c0 + step, c0 + step, c0 + 2 * step, b, y2.data(), ldy);
         const int split = bit_differences(y, y2);
         BOOST_TEST(split == 0, "m" << s.m << " n" << s.n << " k" << s.kk << ": split changed "
                                    << split << " elements");

@@ -202,11 +202,11 @@ void LinearPackedF32(int64_t m, int64_t k, const float* packed, int64_t p0, int6
 // A layer's own weights, packed once at load into panels of kWeightPanel = 16 output features:
 // panel q holds wp[q][kk][j] = w[16 q + j][kk] (zeros past n). The layout is the same on every
 // target; only the tile differs. Micro-kernel: kTileRows rows of x (broadcast, read in place)
-// times kTilePanels panels (loaded as vectors). On AVX2 a panel's depth slice (kDepthBlock x 16
-// floats, 16 KiB) stays in L1 while every row tile of the task passes over it, and x comes from
-// L2 at one float per row per step; on AVX-512 the order within a depth block is the other way
-// round (LinearPanelsF32 says why). This is the GotoBLAS/MLAS arrangement; the x-panel kernel loads
-// 32 x floats per step from L2 for 3 weight rows on AVX2, and waits on those loads.
+// times kTilePanels panels (loaded as vectors). A column tile's depth slice (on AVX2 one panel x
+// kDepthBlock steps, 16 KiB, in L1; on AVX-512 three panels x ~768 steps, in L2) stays while
+// every row tile of the task passes over it, and x comes from L2 at one float per row per step.
+// This is the GotoBLAS/MLAS arrangement; the x-panel kernel loads 32 x floats per step from L2
+// for 3 weight rows on AVX2, and waits on those loads.
 // Each output element is one FMA chain over kk = 0 .. k-1 in order (a depth block's partial
 // sums go through y), bias added last: the result does not depend on how rows and columns are
 // split, and equals the x-panel kernel's bit for bit.
@@ -219,10 +219,11 @@ constexpr size_t kWVecs = kWeightPanel / kLanes;
 static_assert(kWeightPanel % kLanes == 0, "a weight panel is a whole number of vectors");
 // Accumulators kTileRows x kTilePanels x kWVecs: AVX-512 8 x 3 x 1 = 24 (3 loads + 8 broadcasts
 // per 24 FMAs); AVX2 6 x 1 x 2 = 12 (2 + 6 per 12); SSE4 3 x 1 x 4 = 12; SCALAR 1 x 1 x 16.
-// kStreamWeights: the loop order within a depth block (LinearPanelsF32 below). kDepthBlock is
-// the resident order's; the streaming order sizes its blocks from the L1d (StreamDepthBlock).
+// kStreamWeights: the tile's weights stream from L2 (AVX-512: each step prefetches its own
+// streams ahead, depth blocks sized from the L1d by StreamDepthBlock) rather than stay in L1
+// (kDepthBlock steps).
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-constexpr size_t kTileRows = 8, kTilePanels = 3, kDepthBlock = 512;
+constexpr size_t kTileRows = 8, kTilePanels = 3, kDepthBlock = 0;  // StreamDepthBlock()
 constexpr bool kStreamWeights = true;
 #elif HWY_TARGET == HWY_AVX2
 constexpr size_t kTileRows = 6, kTilePanels = 1, kDepthBlock = 256;
@@ -236,13 +237,14 @@ constexpr bool kStreamWeights = false;
 #endif
 constexpr size_t kTileCols = kTilePanels * kWeightPanel;
 
-// The streaming order's depth block, from the L1d: the row tile's x slice (kTileRows x kc
-// floats, read once per column tile) takes half of it, the rest holds the weight streams'
-// lines in flight. Zen 4 (32 KiB): 512 steps, the constant this replaced; Zen 5 (48 KiB): 768.
-// There, against 512, one thread, bench_linear --cold (alternating, 2 rounds): 197x2304x768
-// 200-202 -> 205-206 GFLOP/s, 197x768x3072 201-202 -> 204-206, 512x512x2048 199-201 -> 202-204
-// (with blocks of equal size, below); 1024 steps measured no better than 768 and worse at
-// k = 2048.
+// AVX-512's depth block, from the L1d: a row tile's x slice (kTileRows x kc floats) in half of
+// it, the rest for the weight streams' lines in flight. Zen 4 (32 KiB): 512 steps; Zen 5
+// (48 KiB): 768. Chosen when the row tile was the outer loop and its x slice stayed in L1
+// across the column tiles; there, against 512, one thread, bench_linear --cold (alternating, 2
+// rounds): 197x2304x768 200-202 -> 205-206 GFLOP/s, 197x768x3072 201-202 -> 204-206,
+// 512x512x2048 199-201 -> 202-204; 1024 no better, worse at k = 2048. With the column tile
+// outside (LinearPanelsF32), one run of each, 2 rounds: 512 was 2-9% slower at 197x3072x768
+// and 49x2304x768, 1024 and one block for all of k level with 768 within the drift.
 size_t StreamDepthBlock() {
   static const size_t block = [] {
     const long l1d = sysconf(_SC_LEVEL1_DCACHE_SIZE);
@@ -261,7 +263,7 @@ int64_t LinearPanelTileColsF32() { return static_cast<int64_t>(kTileCols); }
 // bias is given (the last block). Partial tiles compute on clamped rows and panels and store
 // only what is theirs. ROWS: the tile's height, kTileRows but for a task's last rows
 // (PanelTile below).
-// Streaming order (AVX-512): a task's first row tile reads its weights from memory in a model
+// AVX-512 (weights streamed from L2): a slice's first row tile reads it from memory in a model
 // (hundreds of MB of them; they do not stay in the L3 between calls), three panel streams the
 // hardware prefetcher alone kept ~6 GB/s short of the FMAs. Each step also prefetches 32 steps
 // (2 KiB) ahead in every stream: bench_linear --cold, two threads, 128x2048x512 0.656 -> 0.626
@@ -269,10 +271,21 @@ int64_t LinearPanelTileColsF32() { return static_cast<int64_t>(kTileCols); }
 // worse.
 constexpr size_t kWeightPrefetchSteps = kStreamWeights ? 32 : 0;
 
+// One panel of the slice that runs after this one, pulled in one 64-byte line per step of a
+// tile: `steps` lines from `panel` on (LinearPanelsF32 says why). Into the L2 (prefetcht1) where
+// a slice lives there (AVX-512: 144 KiB); into L1 (prefetcht0) where it lives in L1 (AVX2:
+// 16 KiB). On AVX2, prefetcht1 there measured 0-8% slower than the bursts of prefetcht0 this
+// replaced at two threads (bench_linear --cold --target AVX2, Zen 5), prefetcht0 level with them.
+constexpr int kNextLevel = kStreamWeights ? 2 : 3;
+struct NextLines {
+  const float* panel = nullptr;
+  size_t steps = 0;
+};
+
 template <size_t ROWS, size_t PANELS>
 void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_stride, size_t kc,
                    size_t rows, size_t cols, bool first, const float* bias, float* y,
-                   int64_t ldy) {
+                   int64_t ldy, const NextLines& next) {
   const DF d;
   const size_t panels = (cols + kWeightPanel - 1) / kWeightPanel;
   const float* xr[ROWS];
@@ -297,6 +310,7 @@ void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_s
       }
   for (size_t kk = 0; kk < kc; ++kk) {
     VF wv[PANELS][kWVecs];
+    if (kk < next.steps) __builtin_prefetch(next.panel + kk * kWeightPanel, 0, kNextLevel);
     if constexpr (kWeightPrefetchSteps > 0)
       for (size_t q = 0; q < PANELS; ++q)
         __builtin_prefetch(wq[q] + (kk + kWeightPrefetchSteps) * kWeightPanel);
@@ -336,10 +350,11 @@ void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_s
 // is the same FMA chain whatever the tile's height, so this changes no result bit.
 template <size_t PANELS>
 void PanelTileOf(const float* x, int64_t ldx, const float* wp, int64_t panel_stride, size_t kc,
-                 size_t rows, size_t cols, bool first, const float* bias, float* y, int64_t ldy) {
+                 size_t rows, size_t cols, bool first, const float* bias, float* y, int64_t ldy,
+                 const NextLines& next) {
   if (rows == kTileRows || kTileRows < 4) {
     PanelTileRows<kTileRows, PANELS>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y,
-                                     ldy);
+                                     ldy, next);
     return;
   }
   size_t r = 0;
@@ -348,7 +363,8 @@ void PanelTileOf(const float* x, int64_t ldx, const float* wp, int64_t panel_str
     if (rows - r < kHeight) return;
     PanelTileRows<kHeight, PANELS>(x + static_cast<int64_t>(r) * ldx, ldx, wp, panel_stride, kc,
                                    kHeight, cols, first, bias,
-                                   y + static_cast<int64_t>(r) * ldy, ldy);
+                                   y + static_cast<int64_t>(r) * ldy, ldy,
+                                   r == 0 ? next : NextLines());
     r += kHeight;
   };
   if constexpr (kTileRows > 4) part(std::integral_constant<size_t, 4>());
@@ -363,15 +379,16 @@ void PanelTileOf(const float* x, int64_t ldx, const float* wp, int64_t panel_str
 // 512 features (nn.Transformer's and the gpt recipe's out-projections and fc2). Same FMA chains,
 // same bits.
 void PanelTile(const float* x, int64_t ldx, const float* wp, int64_t panel_stride, size_t kc,
-               size_t rows, size_t cols, bool first, const float* bias, float* y, int64_t ldy) {
+               size_t rows, size_t cols, bool first, const float* bias, float* y, int64_t ldy,
+               const NextLines& next) {
   if constexpr (kTilePanels == 3) {
     const size_t panels = (cols + kWeightPanel - 1) / kWeightPanel;
     if (panels == 2)
-      return PanelTileOf<2>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y, ldy);
+      return PanelTileOf<2>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y, ldy, next);
     if (panels == 1)
-      return PanelTileOf<1>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y, ldy);
+      return PanelTileOf<1>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y, ldy, next);
   }
-  PanelTileOf<kTilePanels>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y, ldy);
+  PanelTileOf<kTilePanels>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y, ldy, next);
 }
 
 void LinearPackWeightsF32(int64_t n, int64_t k, const float* w, int64_t ldw, int64_t q0,
@@ -397,83 +414,66 @@ void LinearPackWeightsF32(int64_t n, int64_t k, const float* w, int64_t ldw, int
 }
 
 void LinearPanelsF32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t r1,
-                     const float* wp, int64_t n, int64_t c0, int64_t c1, const float* bias,
-                     float* y, int64_t ldy) {
+                     const float* wp, int64_t n, int64_t c0, int64_t c1, int64_t next_c0,
+                     int64_t next_c1, const float* bias, float* y, int64_t ldy) {
   const int64_t tile_rows = static_cast<int64_t>(kTileRows);
   const int64_t tile_cols = static_cast<int64_t>(kTileCols);
   const int64_t panel = static_cast<int64_t>(kWeightPanel);
   const int64_t panel_stride = k * panel;
   c1 = std::min(c1, n);
-  // Two orders within a depth block; both give the same bits (each element's chain is the same).
-  // Streaming (AVX-512): row tile outside, column tile inside. The tile's x rows (8 x 512 floats,
-  // 16 KiB) stay in L1 across the task's column tiles and the task's weights (192 x 512 floats,
-  // 384 KiB) stream from L2 as three sequential panel streams, 3 lines per 24 FMAs. Against the
-  // order below at depth 128, one thread on Zen 4 (AVX3, 4 interleaved rounds, median GFLOP/s):
-  // 197 x 2304 x 768 98 vs 94, 512 x 8192 x 512 98 vs 89, 197 x 768 x 3072 102 vs 95.
-  if constexpr (kStreamWeights) {
-    // Blocks of equal depth (to 16 steps): k = 2048 at 768 is 688 + 688 + 672, not
-    // 768 + 768 + 512.
-    const int64_t max_block = static_cast<int64_t>(StreamDepthBlock());
-    const int64_t blocks = (k + max_block - 1) / max_block;
-    const int64_t block = ((k + blocks - 1) / blocks + 15) / 16 * 16;
-    for (int64_t k0 = 0; k0 < k; k0 += block) {
-      const int64_t kc = std::min(block, k - k0);
-      const bool first = k0 == 0, last = k0 + kc == k;
-      for (int64_t r = r0; r < r1; r += tile_rows) {
-        // The next row tile's outputs, which its loads (or first stores) would miss on.
-        for (int64_t rr = r + tile_rows; rr < std::min(r1, r + 2 * tile_rows); ++rr)
-          for (int64_t c = c0; c < c1; c += panel) __builtin_prefetch(y + rr * ldy + c, 1);
-        for (int64_t c = c0; c < c1; c += tile_cols)
-          PanelTile(x + r * ldx + k0, ldx, wp + (c / panel) * panel_stride + k0 * panel,
-                    panel_stride, static_cast<size_t>(kc),
-                    static_cast<size_t>(std::min(tile_rows, r1 - r)),
-                    static_cast<size_t>(std::min(tile_cols, c1 - c)), first,
-                    last && bias ? bias + c : nullptr, y + r * ldy + c, ldy);
-      }
-    }
-    return;
-  }
-  // Resident weights (AVX2, where 16 registers make the tile 6 x 16 and x per step is cheap):
-  // column tile outside, row tile inside, the tile's weight slice kept in L1.
-  const int64_t row_tiles = (r1 - r0 + tile_rows - 1) / tile_rows;
-  for (int64_t k0 = 0; k0 < k; k0 += static_cast<int64_t>(kDepthBlock)) {
-    const int64_t kc = std::min(static_cast<int64_t>(kDepthBlock), k - k0);
+  next_c1 = std::min(next_c1, n);
+  // Depth blocks of equal size (to 16 steps: k = 2048 at 768 is 688 + 688 + 672, not
+  // 768 + 768 + 512), at most StreamDepthBlock() on AVX-512, kDepthBlock elsewhere.
+  const int64_t max_block =
+      static_cast<int64_t>(kStreamWeights ? StreamDepthBlock() : kDepthBlock);
+  const int64_t blocks = (k + max_block - 1) / max_block;
+  const int64_t block = ((k + blocks - 1) / blocks + 15) / 16 * 16;
+  // Within a depth block, column tile outside, row tile inside: the tile's slice of weights
+  // (kTilePanels panels x kc steps: 16 KiB on AVX2, in L1; 144 KiB at 768 steps on AVX-512,
+  // in L2) is read by every row tile, x comes from L2 one row tile at a time.
+  // A slice's first row tile reads it from memory (a model's weights, hundreds of MB, do not
+  // stay in the L3 between calls): on AVX-512, 3 lines per 24 FMAs, more than one core's
+  // demand misses deliver, so that row tile waited on memory. So each later row tile's tile
+  // call also pulls one panel of the next slice (the next column tile's, else the next depth
+  // block's first, else that of the caller's next columns [next_c0, next_c1)), one line per
+  // step: the next slice arrives spread over this one's row tiles instead of all at once.
+  // AVX-512, Zen 5, bench_linear --cold against the build before (row tile outside, task's
+  // column tiles inside, no such prefetch), 3 alternating runs: one thread 128x512x512
+  // 0.331-0.344 -> 0.317-0.336 ms, 128x512x2048 1.33-1.35 -> 1.31-1.32, 197x3072x768
+  // 4.50-4.71 -> 4.46-4.53, 49x2304x768 0.99-1.04 -> 0.89-0.94, 512x512x2048 level; two
+  // threads 128x2048x512 0.69-0.70 -> 0.67, 128x512x2048 0.69-0.70 -> 0.67, 49x2304x768
+  // 0.52-0.54 -> 0.48-0.49, 197 rows level. In one process with this order both ways, the
+  // prefetch without the caller's next columns gave half of that at 128 rows; the order alone
+  // (no prefetch) measured level with the old one. Forced AVX2 (its bursts of prefetcht0
+  // between row tiles replaced by this): level on one thread, level to 7% faster on two.
+  for (int64_t k0 = 0; k0 < k; k0 += block) {
+    const int64_t kc = std::min(block, k - k0);
     const bool first = k0 == 0, last = k0 + kc == k;
     for (int64_t c = c0; c < c1; c += tile_cols) {
       const size_t cols = static_cast<size_t>(std::min(tile_cols, c1 - c));
       const float* slice = wp + (c / panel) * panel_stride + k0 * panel;
-      // The next slice (the next tile column's, or the first column's of the next depth block):
-      // one 64-byte line per panel and step, prefetched a share per row tile so that it is in
-      // L1 when its turn comes.
-      const bool next_col = c + tile_cols < c1;
-      const int64_t next_k0 = next_col ? k0 : k0 + kc;
-      const int64_t next_kc = std::min(static_cast<int64_t>(kDepthBlock), k - next_k0);
-      const float* next = wp + ((next_col ? c + tile_cols : c0) / panel) * panel_stride +
-                          next_k0 * panel;
-      const int64_t next_lines =
-          next_kc > 0 ? next_kc * static_cast<int64_t>(kTilePanels) : 0;
-      const int64_t per_tile = (next_lines + row_tiles - 1) / row_tiles;
-      // The next line: panel `line_panel`, step `line_step`, counted rather than divided out
-      // (perf put 5% of nn.Transformer's two-thread AVX2 samples on Zen 5 in this loop, most on
-      // the prefetch's neighbours: waiting on the lines more than on the idiv, for bench_linear
-      // measured no change beyond its +-5% drift).
-      int64_t line = 0, line_panel = 0, line_step = 0;
+      int64_t nc = 0, nc_end = 0, nk0 = 0;
+      if (c + tile_cols < c1) {
+        nc = c + tile_cols, nc_end = c1, nk0 = k0;
+      } else if (!last) {
+        nc = c0, nc_end = c1, nk0 = k0 + kc;
+      } else if (next_c0 < next_c1) {
+        nc = next_c0, nc_end = next_c1, nk0 = 0;
+      }
+      const int64_t next_panels = (std::min(tile_cols, nc_end - nc) + panel - 1) / panel;
+      const size_t next_steps = static_cast<size_t>(std::min(block, k - nk0));
+      int64_t next_panel = 0;
       for (int64_t r = r0; r < r1; r += tile_rows) {
-        for (const int64_t end = std::min(next_lines, line + per_tile); line < end; ++line) {
-          __builtin_prefetch(next + line_panel * panel_stride + line_step * panel);
-          if (++line_step == next_kc) {
-            line_step = 0;
-            ++line_panel;
-          }
-        }
         // The next row tile's outputs, which its loads (or first stores) would miss on.
-        for (int64_t rr = r + tile_rows; rr < std::min(r1, r + 2 * tile_rows); ++rr) {
-          __builtin_prefetch(y + rr * ldy + c, 1);
-          __builtin_prefetch(y + rr * ldy + c + static_cast<int64_t>(cols) - 1, 1);
-        }
+        for (int64_t rr = r + tile_rows; rr < std::min(r1, r + 2 * tile_rows); ++rr)
+          for (int64_t cc = c; cc < c + static_cast<int64_t>(cols); cc += panel)
+            __builtin_prefetch(y + rr * ldy + cc, 1);
+        NextLines next;
+        if (r > r0 && next_panel < next_panels)
+          next = {wp + (nc / panel + next_panel++) * panel_stride + nk0 * panel, next_steps};
         PanelTile(x + r * ldx + k0, ldx, slice, panel_stride, static_cast<size_t>(kc),
                   static_cast<size_t>(std::min(tile_rows, r1 - r)), cols, first,
-                  last && bias ? bias + c : nullptr, y + r * ldy + c, ldy);
+                  last && bias ? bias + c : nullptr, y + r * ldy + c, ldy, next);
       }
     }
   }
@@ -587,9 +587,10 @@ void linear_pack_weights_f32(int64_t n, int64_t k, const float* w, int64_t ldw, 
 }
 
 void linear_panels_f32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t r1,
-                       const float* panels, int64_t n, int64_t c0, int64_t c1, const float* bias,
-                       float* y, int64_t ldy) {
-  HWY_DYNAMIC_DISPATCH(LinearPanelsF32)(k, x, ldx, r0, r1, panels, n, c0, c1, bias, y, ldy);
+                       const float* panels, int64_t n, int64_t c0, int64_t c1, int64_t next_c0,
+                       int64_t next_c1, const float* bias, float* y, int64_t ldy) {
+  HWY_DYNAMIC_DISPATCH(LinearPanelsF32)
+  (k, x, ldx, r0, r1, panels, n, c0, c1, next_c0, next_c1, bias, y, ldy);
 }
 
 void linear_panels_matvec_f32(int64_t m, int64_t k, const float* x, int64_t ldx,
