@@ -440,11 +440,13 @@ void LinearPanelsF32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t
   // AVX-512, Zen 5, bench_linear --cold against the build before (row tile outside, task's
   // column tiles inside, no such prefetch), A B B A x 3, mean ms: one thread 128x2048x512
   // 1.405 -> 1.302, 128x512x2048 1.376 -> 1.341, 128x512x512 0.339 -> 0.324, 197x3072x768
-  // 4.719 -> 4.563, 512 rows level; two threads (alternating) 3-4% at 128 rows, 49x2304x768
-  // (Swin's last stage) 8%. In one process with this order both ways, the prefetch without the
-  // caller's next columns gave half of that at 128 rows; the order alone (no prefetch) measured
-  // level with the old one. Forced AVX2 (its bursts of prefetcht0 between row tiles replaced by
-  // this): level (A B B A x 3, within 1%). benchmarks/results/*-zen5-session23-changes.txt.
+  // 4.719 -> 4.563, 512 rows level; two threads 3-4% at 128 rows and 8% at 49x2304x768
+  // (Swin's last stage), in runs that always put the old build first (an order that read
+  // about twice the A B B A gain on one thread). In one process with this order both ways,
+  // the prefetch without the caller's next columns gave half of that at 128 rows; the order
+  // alone (no prefetch) measured level with the old one. Forced AVX2 (its bursts of
+  // prefetcht0 between row tiles replaced by this): level (A B B A x 3, within 1%).
+  // benchmarks/results/*-zen5-session23-changes.txt.
   for (int64_t k0 = 0; k0 < k; k0 += block) {
     const int64_t kc = std::min(block, k - k0);
     const bool first = k0 == 0, last = k0 + kc == k;
