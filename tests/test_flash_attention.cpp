@@ -650,12 +650,13 @@ BOOST_AUTO_TEST_CASE(exp_fast) {
 }
 
 BOOST_AUTO_TEST_CASE(scratch_size) {
-  // Bounded by the 256-row panel: the same for 256 rows and 10^6, and well inside L2.
+  // Bounded by the 256-row panel: the same for 256 rows and 10^6, and well inside L2 (172 KiB at
+  // head_dim 64 with room for 64 packed keys).
   BOOST_TEST(cpu::flash_attention_scratch_floats_cpu(256, 64, 64) ==
              cpu::flash_attention_scratch_floats_cpu(1000000, 64, 64));
   BOOST_TEST(cpu::flash_attention_scratch_floats_cpu(1, 64, 64) <
              cpu::flash_attention_scratch_floats_cpu(256, 64, 64));
-  BOOST_TEST(cpu::flash_attention_scratch_floats_cpu(1000000, 64, 64) * 4 <= 160 * 1024);
+  BOOST_TEST(cpu::flash_attention_scratch_floats_cpu(1000000, 64, 64) * 4 <= 176 * 1024);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

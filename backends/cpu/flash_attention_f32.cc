@@ -4,8 +4,9 @@
 // Query rows live in vector lanes. The tile is taken in panels of up to 256 rows, each split in
 // row blocks of 2 vectors (32 rows on AVX-512) whose queries, pre-multiplied by `scale`, are
 // transposed once into scratch as qt[block][d][row]. Keys are consumed in blocks of 32 (30 on
-// AVX2: kTargetKeyBlock); each key block is copied once per panel into contiguous scratch and
-// then serves every row block:
+// AVX2: kTargetKeyBlock), or twice that where the L1d holds the doubled block (KeyBlockKeys);
+// each key block is copied once per panel into contiguous scratch and then serves every row
+// block:
 //   1. scores S[key][row] = qt . k (+ mask, + relative-position bias, causal cut). Register
 //      tile of 2 row vectors x 8 keys: per d, 2 aligned loads of qt and 8 broadcasts of k[s][d]
 //      feed 16 FMAs into 16 accumulators (AVX-512 has 32 registers: 16 accumulators + 2 q +
@@ -34,7 +35,8 @@
 // - Key block 32: the packed K and V blocks (32 x 64 floats = 8 KiB each), the S block (32 x 32
 //   = 4 KiB) and the current row block's qt (8 KiB) stay in L1 (28 KiB of 32) while the row
 //   blocks of the panel take turns; V is read once per 4-row P.V tile, 8 times per row block.
-//   64 keys would need 48 KiB for K, V and S alone, and measured 10-15% slower.
+//   64 keys need 48 KiB with qt, and measured 10-15% slower on a 32 KiB L1d; on Zen 5's 48 KiB
+//   they halve the P.V tiles' O loads and stores per key and ran 2-3% faster (KeyBlockKeys).
 // - Panel 256 rows: qt and O of the panel (64 KiB each at d = 64) live in L2; a 4096-FMA step
 //   reads 8 KiB of qt and reads and writes 8 KiB of O, ~6 B/cycle, far below L2 bandwidth.
 //   Each panel streams all of K and V once (512 B per key at d = 64: 2 MiB at T = 4096, twice
@@ -63,6 +65,8 @@
 #include <cstring>
 #include <limits>
 
+#include <unistd.h>
+
 #include "backends/cpu/flash_attention.h"
 #include "backends/cpu/math_f32-inl.h"
 #include "core/attention_tile.h"
@@ -77,6 +81,8 @@ namespace tessera::cpu::flash_detail {
 constexpr int64_t kMaxRowBlock = 32;
 constexpr int64_t kPanelRows = 256;  // a multiple of kMaxRowBlock
 constexpr int64_t kKeyBlock = 32;
+// Packed blocks of twice the target's keys where the L1d holds them (KeyBlockKeys below).
+constexpr int64_t kMaxPackedKeys = 2 * kKeyBlock;
 // A problem with at most this many keys whose K and V rows fit ~16 KiB of L1 (Swin's 7 x 7
 // windows: 49 keys of 32 + 32 floats) takes them as one block, read in place (one_block in
 // Panel): no key-block packing, no second pass of the online softmax.
@@ -121,8 +127,10 @@ constexpr Layout MakeLayout(int64_t rows, int64_t head_dim, int64_t v_head_dim) 
   lay.l = take(lay.panel_rows);
   lay.alpha = take(kMaxRowBlock);
   lay.scores = take(kMaxKeyBlock * kMaxRowBlock);
-  // Packed keys then values: kKeyBlock of each, or one block of up to kOneBlockFloats in all.
-  lay.kpack = take(std::max(kKeyBlock * (head_dim + dv_pad), kOneBlockFloats) + kAlignFloats);
+  // Packed keys then values: up to kMaxPackedKeys of each, or one block of up to
+  // kOneBlockFloats in all.
+  lay.kpack =
+      take(std::max(kMaxPackedKeys * (head_dim + dv_pad), kOneBlockFloats) + kAlignFloats);
   lay.total = at;
   return lay;
 }
@@ -186,6 +194,19 @@ static_assert(kScoreKeys <= 8, "the last keys of a block take groups of 4, 2 and
 // speed: 3.8% of the AVX2 core's samples at T = 4096 with blocks of 32 (Zen 4, forced AVX2).
 // 30-key blocks took the AVX2 core from 72.7-77.2% to 76.0-79.7% of the probe at T = 512-4096.
 constexpr int64_t kTargetKeyBlock = kKeyBlock / kScoreKeys * kScoreKeys;
+static_assert(2 * kTargetKeyBlock <= kMaxKeyBlock, "scores and koff hold a doubled block");
+
+// Keys per packed block: twice kTargetKeyBlock when that block's K, V and scores plus one row
+// block's queries fit the L1d, else kTargetKeyBlock. Zen 5 (48 KiB) at head_dim 64 on AVX-512:
+// 64 keys need exactly 48 KiB and ran 1.8-2.8% faster than 32 at T = 128-8192 (same-process
+// A B B A, bench_attention_kernel --core), forced AVX2 (60 keys, 38.6 KiB) 0.2-0.8%. On a 32
+// KiB L1d the rule keeps 32 keys: 64 measured 10-15% slower there.
+int64_t KeyBlockKeys(size_t head_dim, size_t dv_pad, size_t rb) {
+  static const long l1d = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+  constexpr size_t kDoubled = 2 * kTargetKeyBlock;
+  const size_t bytes = sizeof(float) * (kDoubled * (head_dim + dv_pad + rb) + rb * head_dim);
+  return l1d > 0 && bytes <= static_cast<size_t>(l1d) ? kDoubled : kTargetKeyBlock;
+}
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // How far a score may exceed its row's reference max before the reference moves (step 2 above).
@@ -605,7 +626,7 @@ void Panel(const FlashAttentionTile& t, const Layout& lay, int64_t p0, int64_t n
       t.kv_len <= kMaxKeyBlock &&
       t.kv_len * static_cast<int64_t>(D + dv_pad) <= cpu::flash_detail::kOneBlockFloats;
   const bool in_place = one_block && Dv % N == 0;
-  const int64_t key_block = one_block ? t.kv_len : kTargetKeyBlock;
+  const int64_t key_block = one_block ? t.kv_len : KeyBlockKeys(D, dv_pad, rb);
 
   BlockCtx c;
   c.t = &t;
