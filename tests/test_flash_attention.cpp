@@ -650,7 +650,7 @@ BOOST_AUTO_TEST_CASE(exp_fast) {
 }
 
 BOOST_AUTO_TEST_CASE(scratch_size) {
-  // Bounded by the 256-row panel: the same for 256 rows and 10^6, and well inside L2 (172 KiB at
+  // Bounded by the 256-row panel: the same for 256 rows and 10^6, and well inside L2 (170 KiB at
   // head_dim 64 with room for 64 packed keys).
   BOOST_TEST(cpu::flash_attention_scratch_floats_cpu(256, 64, 64) ==
              cpu::flash_attention_scratch_floats_cpu(1000000, 64, 64));

@@ -3,6 +3,7 @@
 
 #include <cblas.h>
 #include <hwy/targets.h>
+#include <unistd.h>
 
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/flash_attention.h"
@@ -81,4 +82,15 @@ bool restrict_simd_target(const std::string& name, std::string& available) {
   return true;
 }
 
+namespace cpu {
+
+size_t l1d_cache_bytes() {
+  static const size_t bytes = [] {
+    const long l1d = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    return l1d >= (16 << 10) && l1d <= (1 << 20) ? static_cast<size_t>(l1d) : size_t{32} << 10;
+  }();
+  return bytes;
+}
+
+}  // namespace cpu
 }  // namespace tessera

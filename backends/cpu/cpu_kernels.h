@@ -4,6 +4,7 @@
 // Contracts are those documented in core/kernels.h.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/kernels.h"
@@ -87,5 +88,11 @@ void softmax_columns_f32(int64_t rows, int64_t cols, const float* x, int64_t x_s
                          int64_t y_stride);
 // The HWY_TARGET the Highway kernels dispatch to right now (one bit, e.g. HWY_AVX3).
 int64_t dispatched_target();
+
+// cpu_device.cpp: this core's L1 data cache in bytes (sysconf), or 32 KiB where the system
+// reports none or an implausible size (outside 16 KiB .. 1 MiB). Read once. The kernels size
+// their L1-resident blocks from it (linear_f32's AVX-512 depth block, flash_attention's key
+// block).
+size_t l1d_cache_bytes();
 
 }  // namespace tessera::cpu

@@ -36,7 +36,7 @@
 //   = 4 KiB) and the current row block's qt (8 KiB) stay in L1 (28 KiB of 32) while the row
 //   blocks of the panel take turns; V is read once per 4-row P.V tile, 8 times per row block.
 //   64 keys need 48 KiB with qt, and measured 10-15% slower on a 32 KiB L1d; on Zen 5's 48 KiB
-//   they halve the P.V tiles' O loads and stores per key and ran 2-3% faster (KeyBlockKeys).
+//   they halve the P.V tiles' O loads and stores per key and ran 1-4% faster (KeyBlockKeys).
 // - Panel 256 rows: qt and O of the panel (64 KiB each at d = 64) live in L2; a 4096-FMA step
 //   reads 8 KiB of qt and reads and writes 8 KiB of O, ~6 B/cycle, far below L2 bandwidth.
 //   Each panel streams all of K and V once (512 B per key at d = 64: 2 MiB at T = 4096, twice
@@ -65,8 +65,7 @@
 #include <cstring>
 #include <limits>
 
-#include <unistd.h>
-
+#include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/flash_attention.h"
 #include "backends/cpu/math_f32-inl.h"
 #include "core/attention_tile.h"
@@ -198,14 +197,14 @@ static_assert(2 * kTargetKeyBlock <= kMaxKeyBlock, "scores and koff hold a doubl
 
 // Keys per packed block: twice kTargetKeyBlock when that block's K, V and scores plus one row
 // block's queries fit the L1d, else kTargetKeyBlock. Zen 5 (48 KiB) at head_dim 64 on AVX-512:
-// 64 keys need exactly 48 KiB and ran 1.8-2.8% faster than 32 at T = 128-8192 (same-process
-// A B B A, bench_attention_kernel --core), forced AVX2 (60 keys, 38.6 KiB) 0.2-0.8%. On a 32
-// KiB L1d the rule keeps 32 keys: 64 measured 10-15% slower there.
+// 64 keys need exactly 48 KiB and ran 1.3-4.4% faster than 32 at T = 128-8192 on one thread,
+// level to 2% faster on two (same-process A B B A, bench_attention_kernel --core), forced AVX2
+// (60 keys, 38.6 KiB) 0.2-0.8%. On a 32 KiB L1d the rule keeps 32 keys at head_dim 64: 64
+// measured 10-15% slower there.
 int64_t KeyBlockKeys(size_t head_dim, size_t dv_pad, size_t rb) {
-  static const long l1d = sysconf(_SC_LEVEL1_DCACHE_SIZE);
   constexpr size_t kDoubled = 2 * kTargetKeyBlock;
   const size_t bytes = sizeof(float) * (kDoubled * (head_dim + dv_pad + rb) + rb * head_dim);
-  return l1d > 0 && bytes <= static_cast<size_t>(l1d) ? kDoubled : kTargetKeyBlock;
+  return bytes <= cpu::l1d_cache_bytes() ? kDoubled : kTargetKeyBlock;
 }
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();

@@ -37,8 +37,6 @@
 #include <cstring>
 #include <type_traits>
 
-#include <unistd.h>
-
 #include "backends/cpu/cpu_kernels.h"
 #include "core/simd_tail-inl.h"
 
@@ -247,10 +245,7 @@ constexpr size_t kTileCols = kTilePanels * kWeightPanel;
 // and 49x2304x768, 1024 and one block for all of k level with 768 within the drift.
 size_t StreamDepthBlock() {
   static const size_t block = [] {
-    const long l1d = sysconf(_SC_LEVEL1_DCACHE_SIZE);
-    const size_t bytes = l1d >= (16 << 10) && l1d <= (1 << 20) ? static_cast<size_t>(l1d)
-                                                               : size_t{32} << 10;
-    const size_t steps = bytes / 2 / (kTileRows * sizeof(float)) / 64 * 64;
+    const size_t steps = cpu::l1d_cache_bytes() / 2 / (kTileRows * sizeof(float)) / 64 * 64;
     return std::clamp<size_t>(steps, 256, 1024);
   }();
   return block;
