@@ -5,11 +5,18 @@
 // ceiling copied from a document would be wrong (the docs say 305 GFLOP/s per thread; this
 // machine, Zen 4 with AVX-512 executed on 256-bit units, measures about 116).
 //
-//   fma_probe [--threads N] [--ms M] [--rounds R] [--target NAME] [--json]
+//   fma_probe [--threads N] [--ms M] [--rounds R] [--target NAME] [--per-cpu] [--json]
 //
 // Prints, for 1..N threads (or only N with --only), the best aggregate GFLOP/s over R rounds of
 // at least M ms each: FLOPs of all threads / wall time of the slowest. --json prints one object:
 // {"target": ..., "gflops": {"1": x, "2": y, ...}, "ms": M, "rounds": R}.
+//
+// --per-cpu adds, for every CPU the process may run on, one thread pinned there: its FMA rate
+// and its read bandwidth over 256 MiB (best of 3), one CPU after the other ("per_cpu": [{"cpu",
+// "gflops", "read_gbs"}, ...]). Under KVM here the two vCPUs' FMA rates agree while one of them
+// at a time, not always the same, reads memory 15-20% slower and runs the projections 9-16%
+// slower (benchmarks/results/2026-12-05-zen5-session25-changes.txt): the register-only probe
+// cannot see that, so the runners record this next to it.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "benchmarks/fma_probe.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -18,6 +25,9 @@
 #include "benchmarks/fma_loop-inl.h"
 #include "benchmarks/fma_ceiling.h"
 #include "benchmarks/force_target.h"
+#include "benchmarks/read_bandwidth.h"
+
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -39,6 +49,47 @@ double DispatchedFmaLoop(int64_t iters, float seed, float* sink) {
   return HWY_DYNAMIC_DISPATCH(FmaLoop)(iters, seed, sink);
 }
 
+struct CpuRates {
+  int cpu = 0;
+  double gflops = 0.0, read_gbs = 0.0;  // zeros where the thread could not be pinned there
+};
+
+// --per-cpu: one thread pinned to each allowed CPU in turn, the FMA loop `rounds` times, then
+// three sums over `buf` (already touched), best of each.
+std::vector<CpuRates> per_cpu_rates(int64_t iters, int rounds, const std::vector<float>& buf) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return {};
+  std::vector<CpuRates> out;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    CpuRates r;
+    r.cpu = cpu;
+    std::thread pinned([&] {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      if (sched_setaffinity(0, sizeof one, &one) != 0) return;
+      float sink = 0.0f;
+      for (int k = 0; k < rounds; ++k) {
+        const double t0 = fma_now_s();
+        const double flops = DispatchedFmaLoop(iters, 1.0f + static_cast<float>(k), &sink);
+        r.gflops = std::max(r.gflops, flops / std::max(fma_now_s() - t0, 1e-9) * 1e-9);
+      }
+      for (int k = 0; k < 3; ++k) {
+        const double t0 = steady_now_s();
+        sink += read_range(buf.data(), buf.size());
+        r.read_gbs = std::max(r.read_gbs, static_cast<double>(buf.size()) * sizeof(float) /
+                                              std::max(steady_now_s() - t0, 1e-9) * 1e-9);
+      }
+      if (sink == 12345.0f) std::printf(" ");  // keeps the results observable
+    });
+    pinned.join();
+    out.push_back(r);
+  }
+  return out;
+}
+
 }  // namespace
 }  // namespace tessera::bench
 
@@ -47,7 +98,7 @@ int main(int argc, char** argv) {
   int max_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   double ms = 200.0;
   int rounds = 5;
-  bool json = false, only = false;
+  bool json = false, only = false, per_cpu = false;
   std::string target_name;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -63,10 +114,12 @@ int main(int argc, char** argv) {
       json = true;
     } else if (a == "--only") {
       only = true;
+    } else if (a == "--per-cpu") {
+      per_cpu = true;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--threads N] [--only] [--ms M] [--rounds R] [--target NAME] "
-                   "[--json]\n",
+                   "[--per-cpu] [--json]\n",
                    argv[0]);
       return 2;
     }
@@ -80,17 +133,33 @@ int main(int argc, char** argv) {
     for (int r = 0; r < rounds; ++r) best = std::max(best, fma_round_gflops(DispatchedFmaLoop, n, iters, r));
     results.emplace_back(n, best);
   }
+  std::vector<CpuRates> cpus;
+  if (per_cpu) {
+    const std::vector<float> buf((size_t{256} << 20) / sizeof(float), 1.0f);
+    cpus = per_cpu_rates(iters, rounds, buf);
+  }
   if (json) {
     std::printf("{\"target\": \"%s\", \"ms\": %g, \"rounds\": %d, \"gflops\": {", target, ms,
                 rounds);
     for (size_t i = 0; i < results.size(); ++i)
       std::printf("%s\"%d\": %.2f", i ? ", " : "", results[i].first, results[i].second);
-    std::printf("}}\n");
+    std::printf("}");
+    if (per_cpu) {
+      std::printf(", \"per_cpu\": [");
+      for (size_t i = 0; i < cpus.size(); ++i)
+        std::printf("%s{\"cpu\": %d, \"gflops\": %.2f, \"read_gbs\": %.2f}", i ? ", " : "",
+                    cpus[i].cpu, cpus[i].gflops, cpus[i].read_gbs);
+      std::printf("]");
+    }
+    std::printf("}\n");
   } else {
     std::printf("FMA probe, target %s, best of %d rounds of ~%g ms\n", target, rounds, ms);
     for (const auto& [n, g] : results)
       std::printf("  %d thread%s: %8.1f GFLOP/s  (%.1f per thread)\n", n, n == 1 ? " " : "s", g,
                   g / n);
+    for (const CpuRates& c : cpus)
+      std::printf("  cpu %d, one pinned thread: %8.1f GFLOP/s, read %.1f GB/s\n", c.cpu, c.gflops,
+                  c.read_gbs);
   }
   return 0;
 }

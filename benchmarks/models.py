@@ -386,12 +386,13 @@ def verification_text(name, v, tol):
 
 # ---------------------------------------------------------------- benchmark processes
 def probe(a):
-    cmd = [a.probe, "--threads", str(max(a.thread_list)), "--json", "--ms", "300"]
+    """(GFLOP/s per thread count, the Highway target, per-vCPU rates: peers.per_cpu_text)."""
+    cmd = [a.probe, "--threads", str(max(a.thread_list)), "--json", "--ms", "300", "--per-cpu"]
     if a.target:
         cmd += ["--target", a.target]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     j = json.loads(r.stdout)
-    return {int(k): v for k, v in j["gflops"].items()}, j["target"]
+    return {int(k): v for k, v in j["gflops"].items()}, j["target"], j.get("per_cpu", [])
 
 
 def panel_cache_args(a):
@@ -753,6 +754,7 @@ def write_report(a, jsonl, stem):
         f"# FMA probe (register-only FMA loop): start " + ", ".join(f"{n} thr {g:.1f}" for n, g in sorted(pk0.items()))
         + " GFLOP/s; end " + ", ".join(f"{n} thr {g:.1f}" for n, g in sorted(pk1.items()))
         + " GFLOP/s; '% peak' uses the higher of the two at the row's thread count",
+        peers.per_cpu_text(probes.get("start", {}).get("per_cpu", []), probes.get("end", {}).get("per_cpu", [])),
         "# models:",
     ]
     for name in a.model_list:
@@ -892,7 +894,7 @@ def main():
             sys.exit("VERIFICATION FAILED: " + ", ".join(bad) + " (see above; --allow-mismatch to go on)")
     tag, cpu_line = cpu_facts()
     peers.wait_idle(a)
-    peak, target = probe(a)
+    peak, target, cpus = probe(a)
     log(f"FMA probe ({target}): " + ", ".join(f"{n} thr {g:.1f} GFLOP/s" for n, g in peak.items()))
     label = a.out or f"{datetime.date.today().isoformat()}-models-{tag}-{target.lower().replace('_', '-')}" \
         + ("-quick" if a.quick else "")
@@ -916,7 +918,7 @@ def main():
                       f"panel_cache={a.panel_cache}",
           "model_list": a.model_list, "thread_list": a.thread_list, "runtime_list": a.runtime_list,
           "target": a.target, "verify_tol": a.verify_tol, "models": metas, "verification": verif})
-    keep({"probe": peak, "target": target, "when": "start"})
+    keep({"probe": peak, "target": target, "when": "start", "per_cpu": cpus})
 
     cals = {}
     for name in a.model_list:
@@ -943,8 +945,8 @@ def main():
                         f"{fmt(r.get('cold_start_ms'), 0)} ms {r.get('note', '')}")
 
     peers.wait_idle(a)
-    peak_end, _ = probe(a)
-    keep({"probe": peak_end, "target": target, "when": "end"})
+    peak_end, _, cpus_end = probe(a)
+    keep({"probe": peak_end, "target": target, "when": "end", "per_cpu": cpus_end})
     keep({"meta": "end", "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
           "wall_min": round((time.time() - t_start) / 60, 1)})
     raw.close()

@@ -399,11 +399,24 @@ def run_peer(a, h, peer, B, T, D, H, causal, threads, section="main"):
 
 
 def probe(a):
+    """(GFLOP/s per thread count, the Highway target, [{cpu, gflops, read_gbs}] per vCPU)."""
     target = ["--target", a.hwy_target] if a.hwy_target else []
-    out = subprocess.run([a.probe, "--threads", str(max(a.thread_list + [2])), "--json", "--ms", "300"]
-                         + target, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([a.probe, "--threads", str(max(a.thread_list + [2])), "--json", "--ms", "300",
+                          "--per-cpu"] + target, capture_output=True, text=True, check=True).stdout
     r = json.loads(out)
-    return {int(k): v for k, v in r["gflops"].items()}, r["target"]
+    return {int(k): v for k, v in r["gflops"].items()}, r["target"], r.get("per_cpu", [])
+
+
+def per_cpu_text(start, end):
+    """The header line for fma_probe --per-cpu at a run's start and end (lists of {cpu, gflops,
+    read_gbs}): a vCPU whose reads run slower than the other's slows memory-bound work the FMA
+    probe does not see."""
+    if not start and not end:
+        return "# per vCPU: not recorded (a run before fma_probe --per-cpu)"
+    def one(rates):
+        return ", ".join(f"cpu {c['cpu']} {c['gflops']:.1f} / {c['read_gbs']:.1f}" for c in rates) or "?"
+    return ("# per vCPU, one pinned thread each (fma_probe --per-cpu: FMA GFLOP/s / read GB/s over 256 MiB): "
+            f"start {one(start)}; end {one(end)}")
 
 
 # ---------------------------------------------------------------- report
@@ -755,6 +768,7 @@ def versions(a, h):
 def write_report(a, jsonl, stem):
     """Rebuilds the tables, the target checks and the plot from a run's raw rows."""
     meta, meta_end, peak, peak_end, target = {}, {}, {}, {}, "?"
+    cpus, cpus_end = [], []
     res, extra = {}, []
     with open(jsonl) as f:
         for line in f:
@@ -766,9 +780,9 @@ def write_report(a, jsonl, stem):
             elif "probe" in r:
                 pk = {int(k): v for k, v in r["probe"].items()}
                 if r.get("when") == "start":
-                    peak, target = pk, r.get("target", "?")
+                    peak, target, cpus = pk, r.get("target", "?"), r.get("per_cpu", [])
                 else:
-                    peak_end = pk
+                    peak_end, cpus_end = pk, r.get("per_cpu", [])
             elif r.get("section", "main") == "main":
                 k = (r["peer"], r["B"], r["T"], r["D"], r["H"], r["causal"], r["threads"])
                 if k not in res or clean(r) or not clean(res[k]):
@@ -795,6 +809,7 @@ def write_report(a, jsonl, stem):
         + ", ".join(f"{n} thr {g:.1f}" for n, g in peak_end.items())
         + " GFLOP/s; '% peak' uses the higher of the two per thread count; tessera's kernels ran on "
         + (", ".join(simd) if simd else "?") + (f" (forced: --hwy-target {a.hwy_target})" if getattr(a, "hwy_target", None) else ""),
+        per_cpu_text(cpus, cpus_end),
         "# flops = B*(8*T*D^2 + 4*T^2*D) for every runtime, dense count also for causal rows; "
         "ms = median of timed calls after warm-up; one process per runtime and config",
         "# 'x <peer>' = peer ms / tessera ms (> 1: tessera faster); RSS = peak resident set of the whole process",
@@ -858,9 +873,9 @@ def main():
     wait_idle(a)
     if a.hwy_target:
         os.environ["TESSERA_HWY_TARGET"] = a.hwy_target  # read by every tessera process
-    peak, target = probe(a)
+    peak, target, cpus = probe(a)
     log(f"FMA probe ({target}): " + ", ".join(f"{n} thr {g:.1f} GFLOP/s" for n, g in peak.items()))
-    keep({"probe": peak, "target": target, "when": "start"})
+    keep({"probe": peak, "target": target, "when": "start", "per_cpu": cpus})
 
     for (B, T, D, H) in a.shape_list:
         for c in a.causal_list:
@@ -893,8 +908,8 @@ def main():
                     keep(run_tessera(a, net, B, T, D, H, 0, n, section="attention", variant=variant))
 
     wait_idle(a)
-    peak_end, _ = probe(a)
-    keep({"probe": peak_end, "target": target, "when": "end"})
+    peak_end, _, cpus_end = probe(a)
+    keep({"probe": peak_end, "target": target, "when": "end", "per_cpu": cpus_end})
     keep({"meta": "end", "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
           "wall_min": round((time.time() - t_start) / 60, 1)})
     raw.close()
