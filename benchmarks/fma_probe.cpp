@@ -12,7 +12,7 @@
 // {"target": ..., "gflops": {"1": x, "2": y, ...}, "ms": M, "rounds": R}.
 //
 // --per-cpu adds, for every CPU the process may run on, one thread pinned there: its FMA rate
-// and its read bandwidth over 256 MiB (best of 3), one CPU after the other ("per_cpu": [{"cpu",
+// and its read bandwidth over 256 MiB (best of 5), one CPU after the other ("per_cpu": [{"cpu",
 // "gflops", "read_gbs"}, ...]). Under KVM here the two vCPUs' FMA rates agree while one of them
 // at a time, not always the same, reads memory 15-20% slower and runs the projections 9-16%
 // slower (benchmarks/results/2026-12-05-zen5-session25-changes.txt): the register-only probe
@@ -54,8 +54,9 @@ struct CpuRates {
   double gflops = 0.0, read_gbs = 0.0;  // zeros where the thread could not be pinned there
 };
 
-// --per-cpu: one thread pinned to each allowed CPU in turn, the FMA loop `rounds` times, then
-// three sums over `buf` (already touched), best of each.
+// --per-cpu: a thread pinned to each allowed CPU in turn runs the probe's own measurements, whose
+// threads inherit its CPU: the FMA loop on one thread (best of `rounds`) and read_bandwidth_gbs
+// on one thread over `buf` (already touched; best of its 5 passes).
 std::vector<CpuRates> per_cpu_rates(int64_t iters, int rounds, const std::vector<float>& buf) {
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
@@ -70,19 +71,9 @@ std::vector<CpuRates> per_cpu_rates(int64_t iters, int rounds, const std::vector
       CPU_ZERO(&one);
       CPU_SET(cpu, &one);
       if (sched_setaffinity(0, sizeof one, &one) != 0) return;
-      float sink = 0.0f;
-      for (int k = 0; k < rounds; ++k) {
-        const double t0 = fma_now_s();
-        const double flops = DispatchedFmaLoop(iters, 1.0f + static_cast<float>(k), &sink);
-        r.gflops = std::max(r.gflops, flops / std::max(fma_now_s() - t0, 1e-9) * 1e-9);
-      }
-      for (int k = 0; k < 3; ++k) {
-        const double t0 = steady_now_s();
-        sink += read_range(buf.data(), buf.size());
-        r.read_gbs = std::max(r.read_gbs, static_cast<double>(buf.size()) * sizeof(float) /
-                                              std::max(steady_now_s() - t0, 1e-9) * 1e-9);
-      }
-      if (sink == 12345.0f) std::printf(" ");  // keeps the results observable
+      for (int k = 0; k < rounds; ++k)
+        r.gflops = std::max(r.gflops, fma_round_gflops(DispatchedFmaLoop, 1, iters, k));
+      r.read_gbs = read_bandwidth_gbs(buf, 1);
     });
     pinned.join();
     out.push_back(r);

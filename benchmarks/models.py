@@ -386,13 +386,7 @@ def verification_text(name, v, tol):
 
 # ---------------------------------------------------------------- benchmark processes
 def probe(a):
-    """(GFLOP/s per thread count, the Highway target, per-vCPU rates: peers.per_cpu_text)."""
-    cmd = [a.probe, "--threads", str(max(a.thread_list)), "--json", "--ms", "300", "--per-cpu"]
-    if a.target:
-        cmd += ["--target", a.target]
-    r = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    j = json.loads(r.stdout)
-    return {int(k): v for k, v in j["gflops"].items()}, j["target"], j.get("per_cpu", [])
+    return peers.run_fma_probe(a.probe, max(a.thread_list), a.target)
 
 
 def panel_cache_args(a):

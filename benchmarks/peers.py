@@ -398,13 +398,18 @@ def run_peer(a, h, peer, B, T, D, H, causal, threads, section="main"):
     return finish(rec, info, a)
 
 
-def probe(a):
-    """(GFLOP/s per thread count, the Highway target, [{cpu, gflops, read_gbs}] per vCPU)."""
-    target = ["--target", a.hwy_target] if a.hwy_target else []
-    out = subprocess.run([a.probe, "--threads", str(max(a.thread_list + [2])), "--json", "--ms", "300",
-                          "--per-cpu"] + target, capture_output=True, text=True, check=True).stdout
+def run_fma_probe(exe, threads, target):
+    """fma_probe on 1..threads threads (on Highway `target` if given): (GFLOP/s per thread count,
+    the target that ran, [{cpu, gflops, read_gbs}] per vCPU). Shared with benchmarks/models.py."""
+    out = subprocess.run([exe, "--threads", str(threads), "--json", "--ms", "300", "--per-cpu"]
+                         + (["--target", target] if target else []),
+                         capture_output=True, text=True, check=True).stdout
     r = json.loads(out)
     return {int(k): v for k, v in r["gflops"].items()}, r["target"], r.get("per_cpu", [])
+
+
+def probe(a):
+    return run_fma_probe(a.probe, max(a.thread_list + [2]), a.hwy_target)
 
 
 def per_cpu_text(start, end):
