@@ -4,7 +4,6 @@
   benchmarks/model_targets.py RUN.jsonl [RUN.jsonl ...]
   benchmarks/model_targets.py --across RUN.jsonl RUN.jsonl ...
 
-
 Reads the raw rows models.py wrote (benchmarks/results/*-models-*.jsonl) and prints, per run,
 model and thread count: tessera's median and its share of the probe; the ORT time the target
 asks for (models.ORT_TARGETS: 1.05x for vit_b_16, 1.2x / 1.3x for swin_t on 1 / 2 threads, 1.3x
@@ -51,6 +50,11 @@ def tessera_rows(peak, res, ok, models_run, threads):
                 yield model, n, t, best
 
 
+def probe_share(flops, ms, peak_gflops):
+    """% of the FMA probe that `flops` in `ms` milliseconds amounts to."""
+    return 100.0 * flops / (ms * 1e-3) / 1e9 / peak_gflops
+
+
 def report(path):
     peak, res, ok, models_run, threads = load(path)
     probe_text = " / ".join(f"{peak[n]:.1f}" for n in threads if n in peak)
@@ -62,7 +66,7 @@ def report(path):
         flops = t["flops"]
 
         def share(ms):
-            return 100.0 * flops / (ms * 1e-3) / 1e9 / peak[n]
+            return probe_share(flops, ms, peak[n])
 
         ms = t["median_ms"]
         line = f"{model:<12} {n:>3}  {flops / 1e9:5.1f}  {ms:9.1f} ({share(ms):3.0f}%)      |"
@@ -78,7 +82,7 @@ def report(path):
             line += f" {best[0]:8.1f}      {need:7.1f} ({share(need):3.0f}%)   |"
         else:
             line += "        -                          |"
-        line += f" {flops / (0.85 * peak[n] * 1e9) * 1e3:6.1f}"
+        line += f" {flops / (models.PEAK_SHARE_MET / 100 * peak[n] * 1e9) * 1e3:6.1f}"
         print(line)
     print()
 
@@ -88,13 +92,10 @@ def row_verdicts(path):
     peak, res, ok, models_run, threads = load(path)
     out = {}
     for model, n, t, best in tessera_rows(peak, res, ok, models_run, threads):
-        pct = 100.0 * t["flops"] / (t["median_ms"] * 1e-3) / 1e9 / peak[n]
+        pct = probe_share(t["flops"], t["median_ms"], peak[n])
         x = models.speedup(res, model, n, "ort")
-        met_ort = None
-        if model in models.ORT_TARGETS:
-            need_for, allow_peak, _ = models.ORT_TARGETS[model]
-            met_ort = (x is not None and x >= need_for(n)) or (allow_peak and pct >= 85)
-        met_torch = (best is not None and best[0] / t["median_ms"] >= 2) or pct >= 85
+        met_ort = models.meets_ort_target(model, n, x, pct) if model in models.ORT_TARGETS else None
+        met_torch = models.meets_torch_target(best[0] / t["median_ms"] if best else None, pct)
         out[(model, n)] = (x, pct, met_ort, met_torch)
     return out
 
