@@ -92,7 +92,7 @@ def row_verdicts(path):
     peak, res, ok, models_run, threads = load(path)
     out = {}
     for model, n, t, best in tessera_rows(peak, res, ok, models_run, threads):
-        pct = probe_share(t["flops"], t["median_ms"], peak[n])
+        pct = models.peak_share(t, peak, n)
         x = models.speedup(res, model, n, "ort")
         met_ort = models.meets_ort_target(model, n, x, pct) if model in models.ORT_TARGETS else None
         met_torch = models.meets_torch_target(best[0] / t["median_ms"] if best else None, pct)
