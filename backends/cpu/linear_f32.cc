@@ -339,33 +339,33 @@ void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_s
   }
 }
 
-// A tile of `rows` <= kTileRows rows and PANELS weight panels. Short ones (the last rows of a
-// task: 49 = 6 x 8 + 1 for Swin-T's last stage, where the clamped 8-row tile computed 7 rows for
-// nothing, 12% of that stage's projections) are taken as tiles of 4, 2 and 1 rows. Each element
-// is the same FMA chain whatever the tile's height, so this changes no result bit.
-template <size_t PANELS>
+// A tile of exactly `rows` <= kTileRows rows and PANELS weight panels, one instantiation per
+// height: a task's last rows (197 = 24 x 8 + 5 for vit_b_16) run as one tile of their own
+// height rather than 4 + 1, whose 1-row tile has 3 accumulators for 2 FMA pipes of latency 4
+// and ran at ~3/8 of the full tile's rate. Each element is the same FMA chain whatever the
+// tile's height, so this changes no result bit.
+template <size_t PANELS, size_t H = kTileRows>
 void PanelTileOf(const float* x, int64_t ldx, const float* wp, int64_t panel_stride, size_t kc,
                  size_t rows, size_t cols, bool first, const float* bias, float* y, int64_t ldy,
                  const NextLines& next) {
-  if (rows == kTileRows || kTileRows < 4) {
-    PanelTileRows<kTileRows, PANELS>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y,
-                                     ldy, next);
-    return;
+  if constexpr (H > 1) {
+    if (rows < H)
+      return PanelTileOf<PANELS, H - 1>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y,
+                                        ldy, next);
   }
-  size_t r = 0;
-  const auto part = [&](auto height) {
-    constexpr size_t kHeight = decltype(height)::value;
-    if (rows - r < kHeight) return;
-    PanelTileRows<kHeight, PANELS>(x + static_cast<int64_t>(r) * ldx, ldx, wp, panel_stride, kc,
-                                   kHeight, cols, first, bias,
-                                   y + static_cast<int64_t>(r) * ldy, ldy,
-                                   r == 0 ? next : NextLines());
-    r += kHeight;
-  };
-  if constexpr (kTileRows > 4) part(std::integral_constant<size_t, 4>());
-  part(std::integral_constant<size_t, 2>());
-  part(std::integral_constant<size_t, 1>());
-  // kTileRows 6 (AVX2): a remainder of 4 + 2 + 1 > 5 rows is never left; 8: at most 7.
+  PanelTileRows<H, PANELS>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y, ldy, next);
+}
+
+// The height of the row tile that starts `left` rows before the end of a task. Tiles shorter
+// than kMinTileRows leave fewer than 8 accumulator chains for the 2 FMA pipes of latency 4; a
+// remainder that short is taken together with the last full tile as two tiles of about half
+// (Swin-T's last stage: 49 = 5 x 8 + 5 + 4, not 6 x 8 + 1; AVX2: 7 = 4 + 3, not 6 + 1).
+constexpr size_t kMinTileRows =
+    std::max<size_t>(1, (8 + kTilePanels * kWVecs - 1) / (kTilePanels * kWVecs));
+size_t RowTileHeight(int64_t left) {
+  const size_t rows = static_cast<size_t>(left);
+  if (rows > kTileRows && rows < kTileRows + kMinTileRows) return (rows + 1) / 2;
+  return std::min(rows, kTileRows);
 }
 
 // A column tile of `cols` <= kTileCols features. On AVX-512 a last tile of one or two panels
@@ -459,16 +459,17 @@ void LinearPanelsF32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t
       const int64_t next_panels = (std::min(tile_cols, nc_end - nc) + panel - 1) / panel;
       const size_t next_steps = static_cast<size_t>(std::min(block, k - nk0));
       int64_t next_panel = 0;
-      for (int64_t r = r0; r < r1; r += tile_rows) {
+      for (int64_t r = r0, h = 0; r < r1; r += h) {
+        h = static_cast<int64_t>(RowTileHeight(r1 - r));
         // The next row tile's outputs, which its loads (or first stores) would miss on.
-        for (int64_t rr = r + tile_rows; rr < std::min(r1, r + 2 * tile_rows); ++rr)
+        for (int64_t rr = r + h; rr < std::min(r1, r + h + tile_rows); ++rr)
           for (int64_t cc = c; cc < c + static_cast<int64_t>(cols); cc += panel)
             __builtin_prefetch(y + rr * ldy + cc, 1);
         NextLines next;
         if (r > r0 && next_panel < next_panels)
           next = {wp + (nc / panel + next_panel++) * panel_stride + nk0 * panel, next_steps};
         PanelTile(x + r * ldx + k0, ldx, slice, panel_stride, static_cast<size_t>(kc),
-                  static_cast<size_t>(std::min(tile_rows, r1 - r)), cols, first,
+                  static_cast<size_t>(h), cols, first,
                   last && bias ? bias + c : nullptr, y + r * ldy + c, ldy, next);
       }
     }
