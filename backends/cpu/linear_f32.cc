@@ -254,10 +254,10 @@ size_t StreamDepthBlock() {
 int64_t LinearPanelTileColsF32() { return static_cast<int64_t>(kTileCols); }
 
 // One tile over depth kk = 0 .. kc - 1 (x and wp already offset to the block): y[r][c] (+)=
-// sum x[r][kk] wp[c][kk] for `rows` rows and `cols` columns (<= the tile's), then + bias[c] when
-// bias is given (the last block). Partial tiles compute on clamped rows and panels and store
-// only what is theirs. ROWS: the tile's height, kTileRows but for a task's last rows
-// (PanelTile below).
+// sum x[r][kk] wp[c][kk] for ROWS rows and `cols` columns (<= the tile's), then + bias[c] when
+// bias is given (the last block). A partial column tile computes on clamped panels and stores
+// only its own columns. ROWS: the tile's height, kTileRows but for a task's last rows
+// (PanelTileOf below).
 // AVX-512 (weights streamed from L2): a slice's first row tile reads it from memory in a model
 // (hundreds of MB of them; they do not stay in the L3 between calls), three panel streams the
 // hardware prefetcher alone kept ~6 GB/s short of the FMAs. Each step also prefetches 32 steps
@@ -279,20 +279,19 @@ struct NextLines {
 
 template <size_t ROWS, size_t PANELS>
 void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_stride, size_t kc,
-                   size_t rows, size_t cols, bool first, const float* bias, float* y,
-                   int64_t ldy, const NextLines& next) {
+                   size_t cols, bool first, const float* bias, float* y, int64_t ldy,
+                   const NextLines& next) {
   const DF d;
   const size_t panels = (cols + kWeightPanel - 1) / kWeightPanel;
   const float* xr[ROWS];
-  for (size_t r = 0; r < ROWS; ++r)
-    xr[r] = x + static_cast<int64_t>(std::min(r, rows - 1)) * ldx;
+  for (size_t r = 0; r < ROWS; ++r) xr[r] = x + static_cast<int64_t>(r) * ldx;
   const float* wq[PANELS];
   for (size_t q = 0; q < PANELS; ++q)
     wq[q] = wp + static_cast<int64_t>(std::min(q, panels - 1)) * panel_stride;
-  const bool full = rows == ROWS && cols == PANELS * kWeightPanel;
+  const bool full = cols == PANELS * kWeightPanel;
   HWY_ALIGN float edge[ROWS][PANELS * kWeightPanel];
   if (!full && !first)
-    for (size_t r = 0; r < rows; ++r)
+    for (size_t r = 0; r < ROWS; ++r)
       std::memcpy(edge[r], y + static_cast<int64_t>(r) * ldy, cols * sizeof(float));
   VF acc[ROWS][PANELS][kWVecs];
   for (size_t r = 0; r < ROWS; ++r)
@@ -333,7 +332,7 @@ void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_s
     for (size_t q = 0; q < PANELS; ++q)
       for (size_t v = 0; v < kWVecs; ++v)
         hn::Store(acc[r][q][v], d, edge[r] + q * kWeightPanel + v * kLanes);
-  for (size_t r = 0; r < rows; ++r) {
+  for (size_t r = 0; r < ROWS; ++r) {
     float* HWY_RESTRICT out = y + static_cast<int64_t>(r) * ldy;
     for (size_t c = 0; c < cols; ++c) out[c] = bias ? edge[r][c] + bias[c] : edge[r][c];
   }
@@ -353,7 +352,7 @@ void PanelTileOf(const float* x, int64_t ldx, const float* wp, int64_t panel_str
       return PanelTileOf<PANELS, H - 1>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y,
                                         ldy, next);
   }
-  PanelTileRows<H, PANELS>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y, ldy, next);
+  PanelTileRows<H, PANELS>(x, ldx, wp, panel_stride, kc, cols, first, bias, y, ldy, next);
 }
 
 // The height of the row tile that starts `left` rows before the end of a task. Tiles shorter
