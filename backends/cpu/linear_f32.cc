@@ -303,12 +303,11 @@ void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_s
                               : hn::Load(d, edge[r] + c);
       }
   // AVX2 steps unrolled by 4: on Intel cores the loop's own adds and compare share ports 0
-  // and 1 with the 12 FMAs of a step, and GCC spills 3 of the 6 x-row pointers in the rolled
-  // loop (not in the unrolled one). Xeon family 6 model 207 (Raptor Cove, the core of Intel's
-  // desktop parts), bench_linear --cold --target AVX2, one thread, 4-5 alternating rounds:
-  // 197x2304x768 76.9 -> 81.8 GFLOP/s (85.6% of the probe), 512x8192x512 75.1 -> 79.3,
-  // 128x1536x512 75.4 -> 80.0; forced-AVX2 models 2-8% faster (vit_b_16 one thread 0.91-0.96x
-  // the time). On AVX-512 the same unroll measured level or 1-3% slower (not taken).
+  // and 1 with the 12 FMAs of a step; unrolled, they come once per 4 steps (GCC still reloads
+  // some x-row pointers from the stack in the steps that prefetch the next slice). Xeon family
+  // 6 model 207 (Raptor Cove), bench_linear --cold --target AVX2, one thread: 197x2304x768
+  // 76.9 -> 81.8 GFLOP/s (85.6% of the probe), 512x8192x512 75.1 -> 79.3; forced-AVX2 models
+  // 2-8% faster. On AVX-512 the same unroll measured level or 1-3% slower (not taken).
   // benchmarks/results/2026-12-06-xeon-session30-changes.txt.
 #if HWY_TARGET == HWY_AVX2
 #pragma GCC unroll 4
