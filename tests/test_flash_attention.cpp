@@ -84,6 +84,20 @@ struct Problem {
     k.assign(static_cast<size_t>(std::max<int64_t>(kv_len, 1) * k_stride), kSentinel);
     v.assign(static_cast<size_t>(std::max<int64_t>(kv_len, 1) * v_stride), kSentinel);
   }
+  // K and V rows back to back (k_stride = d, v_stride = dv, nothing after the last row), as
+  // the layer's head-major copy lays them out; the values are kept.
+  void ContiguousKeys() {
+    std::vector<float> kc(static_cast<size_t>(std::max<int64_t>(kv_len, 1) * d), kSentinel);
+    std::vector<float> vc(static_cast<size_t>(std::max<int64_t>(kv_len, 1) * dv), kSentinel);
+    for (int64_t s = 0; s < kv_len; ++s) {
+      for (int64_t i = 0; i < d; ++i) kc[static_cast<size_t>(s * d + i)] = K(s, i);
+      for (int64_t i = 0; i < dv; ++i) vc[static_cast<size_t>(s * dv + i)] = V(s, i);
+    }
+    k = std::move(kc);
+    v = std::move(vc);
+    k_stride = d;
+    v_stride = dv;
+  }
   float& Q(int64_t r, int64_t i) { return q[static_cast<size_t>(r * q_stride + i)]; }
   float& K(int64_t s, int64_t i) { return k[static_cast<size_t>(s * k_stride + i)]; }
   float& V(int64_t s, int64_t i) { return v[static_cast<size_t>(s * v_stride + i)]; }
@@ -319,6 +333,34 @@ BOOST_AUTO_TEST_CASE(panels_and_long_keys) {
         p.causal = causal;
         p.scale = 0.125f;
         Check(p);
+      }
+    }
+  }
+}
+
+// Contiguous K and V rows over several key blocks (read in place where the value rows are whole
+// vectors, packed otherwise): the reference's values, and the same bits as the strided layout
+// (one FMA chain per element either way).
+BOOST_AUTO_TEST_CASE(contiguous_keys) {
+  LogWorstError log;
+  std::mt19937 rng(12);
+  TargetReset reset;
+  for (const int64_t dim : {64, 32, 40}) {
+    for (const int64_t kv : {129, 300}) {
+      for (const bool causal : {false, true}) {
+        Problem strided;
+        strided.Shape(257, kv, dim, dim);
+        strided.Random(rng);
+        strided.causal = causal;
+        strided.scale = 0.125f;
+        Problem contiguous = strided;
+        contiguous.ContiguousKeys();
+        Check(contiguous);
+        for (const int64_t target : compiled_targets()) {
+          hwy::SetSupportedTargetsForTest(target);
+          BOOST_TEST((Run(strided) == Run(contiguous)),
+                     hwy::TargetName(target) << ": " << contiguous.Describe());
+        }
       }
     }
   }
