@@ -25,7 +25,8 @@
 // AnonHugePages stays 0, and there it times the same as the std::vector before).
 //
 //   bench_attention_kernel --windows MAP,C,HEADS [--windows ...] [--min-ms M] [--target NAME]
-//   bench_attention_kernel --core T,E,HEADS [--core ...] [--min-ms M] [--target NAME]
+//   bench_attention_kernel --core T,E,HEADS [--core ...] [--causal] [--min-ms M] [--target NAME]
+// (--causal: the core with the causal cut; FLOPs still counted dense)
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "benchmarks/bench_attention_kernel.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -214,7 +215,7 @@ namespace {
 
 // The core over MultiheadAttention's packed [B*T, 3E] projection, no mask (ViT-B/16: 197,768,12),
 // one thread: what the fused path costs with its K/V handling, not the kernel alone.
-int RunCore(const std::vector<WindowShape>& shapes, double min_ms) {
+int RunCore(const std::vector<WindowShape>& shapes, double min_ms, bool causal) {
   set_num_threads(1);
   const double peak = PeakGflops(min_ms / 4);
   std::printf("target %s, attention core over packed QKV, 1 thread, thread CPU time\n",
@@ -238,6 +239,7 @@ int RunCore(const std::vector<WindowShape>& shapes, double min_ms) {
     AttentionArgs a;
     a.batch = 1;
     a.heads = H;
+    a.causal = causal;
     a.q_len = a.kv_len = T;
     a.head_dim = a.v_head_dim = hd;
     a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -271,7 +273,7 @@ int main(int argc, char** argv) {
   int64_t tile_rows = 256;
   double min_ms = 200.0;
   std::vector<int64_t> lengths;
-  bool contiguous = false;
+  bool contiguous = false, causal = false;
   std::string target_name;
   std::vector<WindowShape> windows, core;
   for (int i = 1; i < argc; ++i) {
@@ -299,6 +301,8 @@ int main(int argc, char** argv) {
       target_name = argv[++i];
     } else if (a == "--contiguous") {
       contiguous = true;
+    } else if (a == "--causal") {
+      causal = true;
     } else if (a == "--t" && i + 1 < argc) {
       lengths.push_back(std::atoll(argv[++i]));
     } else {
@@ -306,7 +310,7 @@ int main(int argc, char** argv) {
           stderr,
           "usage: %s [--tile-rows R] [--min-ms M] [--contiguous] [--target NAME] [--t T]...\n"
           "       %s --windows MAP,C,HEADS [--windows ...] [--min-ms M] [--target NAME]\n"
-          "       %s --core T,E,HEADS [--core ...] [--min-ms M] [--target NAME]\n",
+          "       %s --core T,E,HEADS [--core ...] [--causal] [--min-ms M] [--target NAME]\n",
           argv[0], argv[0], argv[0]);
       return 2;
     }
@@ -314,7 +318,7 @@ int main(int argc, char** argv) {
   if (!windows.empty() || !core.empty()) {
     if (!target_name.empty() && !force_target(target_name)) return 2;
     if (!windows.empty()) RunWindows(windows, min_ms);
-    if (!core.empty()) RunCore(core, min_ms);
+    if (!core.empty()) RunCore(core, min_ms, causal);
     return 0;
   }
   if (lengths.empty()) lengths = {128, 512, 2048, 4096};

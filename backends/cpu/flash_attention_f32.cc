@@ -5,8 +5,8 @@
 // row blocks of 2 vectors (32 rows on AVX-512) whose queries, pre-multiplied by `scale`, are
 // transposed once into scratch as qt[block][d][row]. Keys are consumed in blocks of 32 (30 on
 // AVX2: kTargetKeyBlock), or twice that where the L1d holds the doubled block (KeyBlockKeys);
-// each key block is copied once per panel into contiguous scratch and then serves every row
-// block:
+// each key block is copied once per panel into contiguous scratch (unless its rows are
+// contiguous already) and then serves every row block:
 //   1. scores S[key][row] = qt . k (+ mask, + relative-position bias, causal cut). Register
 //      tile of 2 row vectors x 8 keys: per d, 2 aligned loads of qt and 8 broadcasts of k[s][d]
 //      feed 16 FMAs into 16 accumulators (AVX-512 has 32 registers: 16 accumulators + 2 q +
