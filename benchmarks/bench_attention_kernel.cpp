@@ -20,9 +20,7 @@
 //   bench_attention_kernel [--tile-rows R] [--min-ms M] [--contiguous] [--target NAME] [--t T]...
 // --core T,E,HEADS times the core (attention_forward_f32, one thread) over MultiheadAttention's
 // packed [T, 3E] projection, no mask: the fused path with its K/V handling. The projection
-// comes from the host allocator like the layer's workspace: on transparent huge pages where the
-// kernel grants them (since session 31; the Xeon family 6 model 207 VM grants none,
-// AnonHugePages stays 0, and there it times the same as the std::vector before).
+// comes from the host allocator, like the layer's workspace (see RunCore).
 //
 //   bench_attention_kernel --windows MAP,C,HEADS [--windows ...] [--min-ms M] [--target NAME]
 //   bench_attention_kernel --core T,E,HEADS [--core ...] [--causal] [--min-ms M] [--target NAME]

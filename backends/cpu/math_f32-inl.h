@@ -29,6 +29,32 @@ HWY_BEFORE_NAMESPACE();
 namespace tessera::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// The last step of ExpF32 and ExpFastF32: p 2^n, or 0 where x < flush_below (x = -inf
+// included; a NaN x gives a NaN p and stays NaN). t = n + 1.5 * 2^23 holds n in its low
+// mantissa bits. 2^n as a float: exponent field (n + 127) << 23; the shifter's own bits
+// (0x4B400000) sit at bit 22 and above and leave the 32-bit lane in the shift. n is in
+// [-126, 127] for x in [flush_below, 88], so the field is never 0 or 255. A float multiply, not
+// an integer add into p's exponent, keeps NaN a NaN.
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE V ScaleByPow2OrZero(D d, V x, V p, V t, V /*n*/, float flush_below) {
+  const hn::RebindToSigned<D> di;
+  const V pow2n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127))));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, flush_below)), hn::Mul(p, pow2n));
+}
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// AVX-512: vscalefps computes p 2^n in one op (one rounding of the same product, so the same
+// bits as the multiply above) and its zero-masking takes the flush: 2 ops instead of 5. On Intel cores every
+// 512-bit vector op shares ports 0 and 5 with the FMAs, so the softmax's exps cost the
+// attention core's FMAs directly. The compare is "not less than" so that NaN keeps its lane.
+template <class D>
+HWY_INLINE hn::Vec512<float> ScaleByPow2OrZero(D /*d*/, hn::Vec512<float> x, hn::Vec512<float> p,
+                                               hn::Vec512<float> /*t*/, hn::Vec512<float> n,
+                                               float flush_below) {
+  const __mmask16 keep = _mm512_cmp_ps_mask(x.raw, _mm512_set1_ps(flush_below), _CMP_NLT_UQ);
+  return hn::Vec512<float>{_mm512_maskz_scalef_ps(keep, p.raw, n.raw)};
+}
+#endif
+
 // e^x for x <= 88 (e^88 = 1.65e38 is the largest power below FLT_MAX = 3.4e38 with margin).
 // Relative error about 1 ulp (Cephes expf polynomial; figures above). Differs from hn::Exp in two ways that
 // softmax relies on: NaN in gives NaN out (hn::Exp returns 0, which would silently drop a NaN
@@ -36,7 +62,6 @@ namespace hn = hwy::HWY_NAMESPACE;
 // formed: e^-87 = 1.6e-38 is just above FLT_MIN = 1.18e-38).
 template <class D, class V = hn::Vec<D>>
 HWY_INLINE V ExpF32(D d, V x) {
-  const hn::RebindToSigned<D> di;
   // Adding 1.5 * 2^23 rounds x/ln2 to the nearest integer n (the float add has no fraction
   // bits left at that magnitude) and leaves n in the low mantissa bits of t.
   const V kShifter = hn::Set(d, 12582912.0f);
@@ -54,37 +79,8 @@ HWY_INLINE V ExpF32(D d, V x) {
   p = hn::MulAdd(p, r, hn::Set(d, 1.6666665459e-1f));
   p = hn::MulAdd(p, r, hn::Set(d, 5.0000001201e-1f));
   p = hn::Add(hn::MulAdd(p, hn::Mul(r, r), r), hn::Set(d, 1.0f));
-  // 2^n as a float: exponent field (n + 127) << 23. The shifter's own bits (0x4B400000) sit at
-  // bit 22 and above and leave the 32-bit lane in the shift. n is in [-126, 127] for
-  // x in [-87, 88], so the field is never 0 or 255. Scaling by a float multiply (not an integer
-  // add to p's exponent) keeps a NaN p a NaN.
-  const V pow2n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127))));
-  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.0f)), hn::Mul(p, pow2n));
+  return ScaleByPow2OrZero(d, x, p, t, n, -87.0f);
 }
-
-// The last step of ExpFastF32: p 2^n, or 0 where x < -87.33654 (x = -inf included; a NaN x
-// gives a NaN p and stays NaN). t = n + 1.5 * 2^23 holds n in its low mantissa bits.
-// 2^n: exponent field n + 127 (1 .. 254 for x in [-87.34, 88]). t's own bits 0x4B400000
-// shift out of the 32-bit lane. A float multiply, not an integer add into p's exponent,
-// keeps NaN a NaN.
-template <class D, class V = hn::Vec<D>>
-HWY_INLINE V ScaleByPow2OrZero(D d, V x, V p, V t, V /*n*/) {
-  const hn::RebindToSigned<D> di;
-  const V pow2n = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127))));
-  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.33654f)), hn::Mul(p, pow2n));
-}
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-// AVX-512: vscalefps computes p 2^n in one op (exact here, so the same bits as the multiply
-// above) and its zero-masking takes the flush: 2 ops instead of 5. On Intel cores every
-// 512-bit vector op shares ports 0 and 5 with the FMAs, so the softmax's exps cost the
-// attention core's FMAs directly. The compare is "not less than" so that NaN keeps its lane.
-template <class D>
-HWY_INLINE hn::Vec512<float> ScaleByPow2OrZero(D /*d*/, hn::Vec512<float> x, hn::Vec512<float> p,
-                                               hn::Vec512<float> /*t*/, hn::Vec512<float> n) {
-  const __mmask16 keep = _mm512_cmp_ps_mask(x.raw, _mm512_set1_ps(-87.33654f), _CMP_NLT_UQ);
-  return hn::Vec512<float>{_mm512_maskz_scalef_ps(keep, p.raw, n.raw)};
-}
-#endif
 
 // e^x for x <= 88 (the softmax's score - max, at most 8 in flash_attention_f32), plus
 // x = -inf -> 0 and x = NaN -> NaN. Above 88 the result is garbage, not inf: no caller gets
@@ -117,7 +113,7 @@ HWY_INLINE void ExpFastF32Interleaved(D d, V (&x)[K]) {
   for (size_t u = 0; u < K; ++u) p[u] = hn::MulAdd(p[u], r[u], hn::Set(d, 0x1.fffe5cp-2f));
   for (size_t u = 0; u < K; ++u) p[u] = hn::MulAdd(p[u], r[u], hn::Set(d, 0x1.ffff2ep-1f));
   for (size_t u = 0; u < K; ++u) p[u] = hn::MulAdd(p[u], r[u], hn::Set(d, 1.0f));
-  for (size_t u = 0; u < K; ++u) x[u] = ScaleByPow2OrZero(d, x[u], p[u], t[u], n[u]);
+  for (size_t u = 0; u < K; ++u) x[u] = ScaleByPow2OrZero(d, x[u], p[u], t[u], n[u], -87.33654f);
 }
 
 template <class D, class V = hn::Vec<D>>
