@@ -12,6 +12,7 @@ a PNG of GFLOP/s against T.
   benchmarks/peers.py                       # everything, ~30-40 min on an idle machine
   benchmarks/peers.py --quick               # a small subset to check the pipeline
   benchmarks/peers.py --shapes 1,2048,768,12 --threads 2 --causal 0 --no-extras
+  benchmarks/peers.py --rounds 3 --peers ort-fused --no-extras   # main table, 3 rounds each
 
 Peers come from the shared harness (../shared/bench/peers: torch_mha.py, ort_mha.js), copied to a
 work directory (default /tmp/tessera-peers-<uid>) where `npm ci` installs onnxruntime-node; the
@@ -33,6 +34,12 @@ other processes use less than --idle-max-cores of the CPUs, and flags a row CONT
 load overlapped it anyway. Outputs: benchmarks/results/<label>.txt (machine, exact command,
 tables, targets), <label>.jsonl (raw rows) and <label>.png. Only /usr/bin/python3 with the
 standard library (and matplotlib for the plot).
+
+With --rounds R the main table's processes run R times per config, the runtimes' order rotating
+from round to round, and a row's ms is the median of its R processes' medians (spread = (max -
+min) / median of those): on a shared host whose speed drifts by 20-30% within minutes (the Xeon
+of 2026-12-06), one process per runtime lets the drift decide rows near a target, and R rounds in
+rotating order give every runtime the same share of slow and fast minutes.
 """
 import argparse
 import datetime
@@ -76,8 +83,13 @@ def parse():
     p.add_argument("--max-call-s", type=float, default=float(os.environ.get("MAX_CALL_S", "20")),
                    help="peers skip a config whose calls take longer than this")
     p.add_argument("--min-reps", type=int, default=5)
-    p.add_argument("--max-reps", type=int, default=200)
+    # the harness's peers cap their reps at 1000 too: at 200, a 2 ms call timed 0.4 s against the
+    # peers' 1.5 s, and a burst of host noise moved its median more
+    p.add_argument("--max-reps", type=int, default=1000, help="tessera's timed calls at most")
     p.add_argument("--warmup", type=int, default=3, help="tessera warm-up runs")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="processes per runtime and main-table config, in rotating order; "
+                        "ms = median of their medians")
     p.add_argument("--memory-shapes", default="1,16384,512,8",
                    help="tessera alone, causal 0 and 1, 2 threads: the peak RSS target")
     p.add_argument("--weights-shapes", default="1,512,768,12 1,2048,768,12",
@@ -324,7 +336,7 @@ class Resume:
     @staticmethod
     def key(r):
         return (r.get("peer"), r.get("section", "main"), r.get("variant", ""), r.get("B"), r.get("T"),
-                r.get("D"), r.get("H"), r.get("causal"), r.get("threads"))
+                r.get("D"), r.get("H"), r.get("causal"), r.get("threads"), r.get("round", 0))
 
     def get(self, **k):
         r = self.rows.get(self.key(k))
@@ -337,7 +349,8 @@ def run_tessera(a, net, B, T, D, H, causal, threads, **tags):
     base = {"peer": "tessera", "B": B, "T": T, "D": D, "H": H, "causal": causal, "threads": threads,
             "flops": flops(B, T, D), **tags}
     hit = a.resume.get(**{k: base.get(k) for k in ("peer", "B", "T", "D", "H", "causal", "threads")},
-                       section=tags.get("section", "main"), variant=tags.get("variant", ""))
+                       section=tags.get("section", "main"), variant=tags.get("variant", ""),
+                       round=tags.get("round", 0))
     if hit:
         log(f"tessera {tags} B={B} T={T} D={D} H={H} causal={causal} threads={threads} -> reused")
         return hit
@@ -362,9 +375,9 @@ def run_tessera(a, net, B, T, D, H, causal, threads, **tags):
     return finish(r, info, a)
 
 
-def run_peer(a, h, peer, B, T, D, H, causal, threads, section="main"):
+def run_peer(a, h, peer, B, T, D, H, causal, threads, section="main", rnd=0):
     hit = a.resume.get(peer=peer, section=section, variant="", B=B, T=T, D=D, H=H, causal=causal,
-                       threads=threads)
+                       threads=threads, round=rnd)
     if hit:
         log(f"{peer} B={B} T={T} D={D} H={H} causal={causal} threads={threads} -> reused")
         return hit
@@ -381,7 +394,7 @@ def run_peer(a, h, peer, B, T, D, H, causal, threads, section="main"):
         "ort-plain": ["node", "ort_mha.js", "--variant", "plain"] + common,
     }
     base = {"peer": peer, "B": B, "T": T, "D": D, "H": H, "causal": causal, "threads": threads,
-            "section": section}
+            "section": section, "round": rnd}
     if peer not in cmds:
         return dict(base, status="error", note="unknown peer")
     if peer.endswith("-nw") and not os.path.exists(os.path.join(h, "torch_mha_nw.py")):
@@ -393,6 +406,7 @@ def run_peer(a, h, peer, B, T, D, H, causal, threads, section="main"):
         rec = dict(base, status="skip", note=f"{why} {info['stderr'][-150:]}")
     rec["section"] = section
     rec["peer"] = peer
+    rec["round"] = rnd
     if rec.get("status") == "ok":
         rec["gflops"] = round(flops(B, T, D) / (rec["median_ms"] * 1e-3) / 1e9, 2)
     return finish(rec, info, a)
@@ -499,7 +513,9 @@ def main_table(a, res, peak):
 
 def long_table(a, res, peak):
     """every runtime's row (as the harness prints them), tessera first in each config"""
-    header = ["runtime", "B,T,D,H", "causal", "thr", "ms", "min ms", "GFLOP/s", "% peak", "RSS MB", "reps", "note"]
+    multi = getattr(a, "rounds", 1) > 1
+    header = (["runtime", "B,T,D,H", "causal", "thr", "ms", "min ms", "GFLOP/s", "% peak", "RSS MB", "reps"]
+              + (["rounds ms", "spread"] if multi else []) + ["note"])
     rows = []
     for (B, T, D, H) in a.shape_list:
         for c in a.causal_list:
@@ -515,8 +531,11 @@ def long_table(a, res, peak):
                                  fmt(p10, 2) if good else "-",
                                  fmt(r.get("gflops")) if good else "-",
                                  fmt(100 * r["gflops"] / peak[n], 0) + "%" if good and n in peak else "-",
-                                 fmt(r.get("peak_rss_mb"), 0), str(r.get("reps", "-")),
-                                 (r.get("note") or "").strip()[:90]])
+                                 fmt(r.get("peak_rss_mb"), 0), str(r.get("reps", "-"))]
+                                + ([" / ".join(fmt(x, 2) for x in r.get("round_ms", [])) or "-",
+                                    fmt(100 * r["spread"], 0) + "%" if "spread" in r else "-"]
+                                   if multi else [])
+                                + [(r.get("note") or "").strip()[:90]])
     return table(header, rows, left={0, 1, len(header) - 1})
 
 
@@ -770,6 +789,26 @@ def versions(a, h):
             f"let OpenBLAS auto-detect (harness default)")
 
 
+def over_rounds(rs):
+    """One row from a config's processes (one per round): the median of the clean ones' medians,
+    with their spread; else the first clean row, else the last row."""
+    good = [r for r in rs if clean(r) and ok(r)]
+    if len(good) < 2:
+        return good[0] if good else ([r for r in rs if clean(r)] or rs)[-1]
+    meds = sorted(r["median_ms"] for r in good)
+    mid = len(meds) // 2
+    med = meds[mid] if len(meds) % 2 else (meds[mid - 1] + meds[mid]) / 2
+    r = dict(good[0], median_ms=med, min_ms=min(x["min_ms"] for x in good if "min_ms" in x)
+             if all("min_ms" in x for x in good) else good[0].get("min_ms"),
+             rounds=len(good), spread=round((meds[-1] - meds[0]) / med, 3),
+             round_ms=[round(x["median_ms"], 3) for x in good])
+    r["gflops"] = round(flops(r["B"], r["T"], r["D"]) / (med * 1e-3) / 1e9, 2)
+    rss = [x["peak_rss_mb"] for x in good if x.get("peak_rss_mb") is not None]
+    if rss:
+        r["peak_rss_mb"] = max(rss)
+    return r
+
+
 def write_report(a, jsonl, stem):
     """Rebuilds the tables, the target checks and the plot from a run's raw rows."""
     meta, meta_end, peak, peak_end, target = {}, {}, {}, {}, "?"
@@ -790,12 +829,12 @@ def write_report(a, jsonl, stem):
                     peak_end, cpus_end = pk, r.get("per_cpu", [])
             elif r.get("section", "main") == "main":
                 k = (r["peer"], r["B"], r["T"], r["D"], r["H"], r["causal"], r["threads"])
-                if k not in res or clean(r) or not clean(res[k]):
-                    res[k] = r
+                res.setdefault(k, []).append(r)
             else:
                 extra.append(r)
+    res = {k: over_rounds(rs) for k, rs in res.items()}
     # the run's own configuration (a --report-only call may not repeat it)
-    for k in ("shape_list", "causal_list", "thread_list", "peer_list", "label"):
+    for k in ("shape_list", "causal_list", "thread_list", "peer_list", "label", "rounds"):
         if k in meta:
             setattr(a, k, [tuple(x) for x in meta[k]] if k == "shape_list" else meta[k])
     # % of peak uses the higher of the two probes: a probe that overlapped other load reads low,
@@ -816,7 +855,11 @@ def write_report(a, jsonl, stem):
         + (", ".join(simd) if simd else "?") + (f" (forced: --hwy-target {a.hwy_target})" if getattr(a, "hwy_target", None) else ""),
         per_cpu_text(cpus, cpus_end),
         "# flops = B*(8*T*D^2 + 4*T^2*D) for every runtime, dense count also for causal rows; "
-        "ms = median of timed calls after warm-up; one process per runtime and config",
+        + ("ms = median of timed calls after warm-up; one process per runtime and config"
+         if getattr(a, "rounds", 1) <= 1 else
+         f"ms = median over {a.rounds} rounds of each process's median of timed calls after warm-up; "
+         "one process per runtime, config and round, the runtimes' order rotating per round; "
+         "spread = (max - min) / median of the rounds' medians"),
         "# 'x <peer>' = peer ms / tessera ms (> 1: tessera faster); RSS = peak resident set of the whole process",
         "# peers: torch = Debian python3-torch, default malloc; torch-heap = same with GLIBC_TUNABLES "
         "mmap_max=0:trim_threshold=64G; ort-fused = onnxruntime-node, com.microsoft.MultiHeadAttention "
@@ -874,7 +917,7 @@ def main():
           "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
           "settings": f"target_s={a.target_s} max_call_s={a.max_call_s} idle_max_cores={a.idle_max_cores}",
           "shape_list": a.shape_list, "causal_list": a.causal_list, "thread_list": a.thread_list,
-          "peer_list": a.peer_list, "label": a.label})
+          "peer_list": a.peer_list, "label": a.label, "rounds": a.rounds})
     wait_idle(a)
     if a.hwy_target:
         os.environ["TESSERA_HWY_TARGET"] = a.hwy_target  # read by every tessera process
@@ -886,10 +929,16 @@ def main():
         for c in a.causal_list:
             net = write_net(a, f"mha_D{D}_H{H}_c{c}", mha_net(D, H, c))
             for n in a.thread_list:
-                log(f"config B={B} T={T} D={D} H={H} causal={c} threads={n}")
-                keep(run_tessera(a, net, B, T, D, H, c, n, section="main"))
-                for p in a.peer_list:
-                    keep(run_peer(a, h, p, B, T, D, H, c, n))
+                runtimes = ["tessera"] + a.peer_list
+                for rnd in range(a.rounds):
+                    log(f"config B={B} T={T} D={D} H={H} causal={c} threads={n}"
+                        + (f" round {rnd + 1}/{a.rounds}" if a.rounds > 1 else ""))
+                    k = rnd % len(runtimes)
+                    for p in runtimes[k:] + runtimes[:k]:
+                        if p == "tessera":
+                            keep(run_tessera(a, net, B, T, D, H, c, n, section="main", round=rnd))
+                        else:
+                            keep(run_peer(a, h, p, B, T, D, H, c, n, rnd=rnd))
 
     if not a.no_extras:
         n2 = max(a.thread_list)
