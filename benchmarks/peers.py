@@ -834,7 +834,7 @@ def write_report(a, jsonl, stem):
                 extra.append(r)
     res = {k: over_rounds(rs) for k, rs in res.items()}
     # the run's own configuration (a --report-only call may not repeat it)
-    for k in ("shape_list", "causal_list", "thread_list", "peer_list", "label", "rounds"):
+    for k in ("shape_list", "causal_list", "thread_list", "peer_list", "label", "rounds", "hwy_target"):
         if k in meta:
             setattr(a, k, [tuple(x) for x in meta[k]] if k == "shape_list" else meta[k])
     # % of peak uses the higher of the two probes: a probe that overlapped other load reads low,
@@ -917,7 +917,7 @@ def main():
           "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
           "settings": f"target_s={a.target_s} max_call_s={a.max_call_s} idle_max_cores={a.idle_max_cores}",
           "shape_list": a.shape_list, "causal_list": a.causal_list, "thread_list": a.thread_list,
-          "peer_list": a.peer_list, "label": a.label, "rounds": a.rounds})
+          "peer_list": a.peer_list, "label": a.label, "rounds": a.rounds, "hwy_target": a.hwy_target})
     wait_idle(a)
     if a.hwy_target:
         os.environ["TESSERA_HWY_TARGET"] = a.hwy_target  # read by every tessera process
