@@ -790,16 +790,17 @@ def versions(a, h):
 
 
 def over_rounds(rs):
-    """One row from a config's processes (one per round): the median of the clean ones' medians,
-    with their spread; else the first clean row, else the last row."""
+    """One row from a config's processes (one per round): with two or more clean timed rows, the
+    median of their medians, their fastest call and their spread; else the one clean timed row,
+    else the last clean row (a skip), else the last row."""
     good = [r for r in rs if clean(r) and ok(r)]
     if len(good) < 2:
         return good[0] if good else ([r for r in rs if clean(r)] or rs)[-1]
     meds = sorted(r["median_ms"] for r in good)
     mid = len(meds) // 2
     med = meds[mid] if len(meds) % 2 else (meds[mid - 1] + meds[mid]) / 2
-    r = dict(good[0], median_ms=med, min_ms=min(x["min_ms"] for x in good if "min_ms" in x)
-             if all("min_ms" in x for x in good) else good[0].get("min_ms"),
+    r = dict(good[0], median_ms=med,
+             min_ms=min((x["min_ms"] for x in good if "min_ms" in x), default=None),
              rounds=len(good), spread=round((meds[-1] - meds[0]) / med, 3),
              round_ms=[round(x["median_ms"], 3) for x in good])
     r["gflops"] = round(flops(r["B"], r["T"], r["D"]) / (med * 1e-3) / 1e9, 2)
