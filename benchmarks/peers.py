@@ -51,6 +51,7 @@ import re
 import resource
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -796,12 +797,11 @@ def over_rounds(rs):
     good = [r for r in rs if clean(r) and ok(r)]
     if len(good) < 2:
         return good[0] if good else ([r for r in rs if clean(r)] or rs)[-1]
-    meds = sorted(r["median_ms"] for r in good)
-    mid = len(meds) // 2
-    med = meds[mid] if len(meds) % 2 else (meds[mid - 1] + meds[mid]) / 2
+    meds = [r["median_ms"] for r in good]
+    med = statistics.median(meds)
     r = dict(good[0], median_ms=med,
              min_ms=min((x["min_ms"] for x in good if "min_ms" in x), default=None),
-             rounds=len(good), spread=round((meds[-1] - meds[0]) / med, 3),
+             rounds=len(good), spread=round((max(meds) - min(meds)) / med, 3),
              round_ms=[round(x["median_ms"], 3) for x in good])
     r["gflops"] = round(flops(r["B"], r["T"], r["D"]) / (med * 1e-3) / 1e9, 2)
     rss = [x["peak_rss_mb"] for x in good if x.get("peak_rss_mb") is not None]
