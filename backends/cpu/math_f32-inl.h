@@ -45,7 +45,8 @@ HWY_INLINE V ScaleByPow2OrZero(D d, V x, V p, V t, V /*n*/, float flush_below) {
 // AVX-512: vscalefps computes p 2^n in one op (one rounding of the same product, so the same
 // bits as the multiply above) and its zero-masking takes the flush: 2 ops instead of 5. On
 // Intel cores every 512-bit vector op shares ports 0 and 5 with the FMAs, so the softmax's exps
-// cost the attention core's FMAs directly. The compare is "not less than" so that NaN keeps its lane.
+// cost the attention core's FMAs directly. The compare is "not less than" so that NaN keeps its
+// lane.
 template <class D>
 HWY_INLINE hn::Vec512<float> ScaleByPow2OrZero(D /*d*/, hn::Vec512<float> x, hn::Vec512<float> p,
                                                hn::Vec512<float> /*t*/, hn::Vec512<float> n,
