@@ -91,7 +91,7 @@ int64_t dispatched_target();
 
 // cpu_device.cpp: this core's L1 data cache in bytes (sysconf), or 32 KiB where the system
 // reports none or an implausible size (outside 16 KiB .. 1 MiB). Read once. The kernels size
-// their L1-resident blocks from it (linear_f32's AVX-512 depth block, flash_attention's key
+// their L1-resident blocks from it (linear_f32's depth blocks, flash_attention's key
 // block).
 size_t l1d_cache_bytes();
 

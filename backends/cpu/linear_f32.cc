@@ -201,7 +201,7 @@ void LinearPackedF32(int64_t m, int64_t k, const float* packed, int64_t p0, int6
 // panel q holds wp[q][kk][j] = w[16 q + j][kk] (zeros past n). The layout is the same on every
 // target; only the tile differs. Micro-kernel: kTileRows rows of x (broadcast, read in place)
 // times kTilePanels panels (loaded as vectors). A column tile's depth slice (on AVX2 one panel x
-// kDepthBlock steps, 16 KiB, in L1; on AVX-512 three panels x ~768 steps, in L2) stays while
+// L1DepthBlock() steps, half the L1d; on AVX-512 three panels x ~768 steps, in L2) stays while
 // every row tile of the task passes over it, and x comes from L2 at one float per row per step.
 // This is the GotoBLAS/MLAS arrangement; the x-panel kernel loads 32 x floats per step from L2
 // for 3 weight rows on AVX2, and waits on those loads.
@@ -219,21 +219,37 @@ static_assert(kWeightPanel % kLanes == 0, "a weight panel is a whole number of v
 // per 24 FMAs); AVX2 6 x 1 x 2 = 12 (2 + 6 per 12); SSE4 3 x 1 x 4 = 12; SCALAR 1 x 1 x 16.
 // kStreamWeights: the tile's weights stream from L2 (AVX-512: each step prefetches its own
 // streams ahead, depth blocks sized from the L1d by StreamDepthBlock) rather than stay in L1
-// (kDepthBlock steps).
+// (depth blocks of L1DepthBlock steps).
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-constexpr size_t kTileRows = 8, kTilePanels = 3, kDepthBlock = 0;  // StreamDepthBlock()
+constexpr size_t kTileRows = 8, kTilePanels = 3;
 constexpr bool kStreamWeights = true;
 #elif HWY_TARGET == HWY_AVX2
-constexpr size_t kTileRows = 6, kTilePanels = 1, kDepthBlock = 256;
+constexpr size_t kTileRows = 6, kTilePanels = 1;
 constexpr bool kStreamWeights = false;
 #elif HWY_TARGET == HWY_SCALAR
-constexpr size_t kTileRows = 1, kTilePanels = 1, kDepthBlock = 256;
+constexpr size_t kTileRows = 1, kTilePanels = 1;
 constexpr bool kStreamWeights = false;
 #else
-constexpr size_t kTileRows = 3, kTilePanels = 1, kDepthBlock = 256;
+constexpr size_t kTileRows = 3, kTilePanels = 1;
 constexpr bool kStreamWeights = false;
 #endif
 constexpr size_t kTileCols = kTilePanels * kWeightPanel;
+
+// The depth block where the slice stays in L1 (AVX2, SSE4, SCALAR): the slice (kTileCols floats
+// per step) in half of the L1d, the rest for the row tiles' x lines. 32 KiB (Zen 3, Zen 4): 256
+// steps, 16 KiB, the size chosen on Zen 3; 48 KiB (Zen 5, Intel cores since Ice Lake, the
+// P-cores of Intel's AVX2 desktops among them): 384. On the Xeon family 6 model 207 (48 KiB),
+// AVX2, bench_linear --cold, one thread, pinned, 4 rounds alternating, ms against 256 steps:
+// 197x768x3072 11.35-11.77 against 11.61-12.13, 197x2304x768 8.36-8.62 against 8.48-8.62,
+// 3136x96x384 2.70-2.71 against 2.74-2.79; 49x768x3072 level (3.25-3.32 against 3.23-3.31).
+// benchmarks/results/2026-12-06-xeon-session34-changes.txt.
+size_t L1DepthBlock() {
+  static const size_t block = [] {
+    const size_t steps = cpu::l1d_cache_bytes() / 2 / (kTileCols * sizeof(float)) / 16 * 16;
+    return std::clamp<size_t>(steps, 128, 1024);
+  }();
+  return block;
+}
 
 // AVX-512's depth block, from the L1d: a row tile's x slice (kTileRows x kc floats) in half of
 // it, the rest for the weight streams' lines in flight. Zen 4 (32 KiB): 512 steps; Zen 5
@@ -269,7 +285,7 @@ constexpr size_t kWeightPrefetchSteps = kStreamWeights ? 32 : 0;
 // One panel of the slice that runs after this one, pulled in one 64-byte line per step of a
 // tile: `steps` lines from `panel` on (LinearPanelsF32 says why). Into the L2 (prefetcht1) where
 // a slice lives there (AVX-512: 144 KiB); into L1 (prefetcht0) where it lives in L1 (AVX2:
-// 16 KiB). On AVX2, prefetcht1 there measured 0-8% slower than the bursts of prefetcht0 this
+// 16-24 KiB). On AVX2, prefetcht1 there measured 0-8% slower than the bursts of prefetcht0 this
 // replaced at two threads (bench_linear --cold --target AVX2, Zen 5), prefetcht0 level with them.
 constexpr int kNextLevel = kStreamWeights ? 2 : 3;
 struct NextLines {
@@ -427,13 +443,13 @@ void LinearPanelsF32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t
   c1 = std::min(c1, n);
   next_c1 = std::min(next_c1, n);
   // Depth blocks of equal size (to 16 steps: k = 2048 at 768 is 688 + 688 + 672, not
-  // 768 + 768 + 512), at most StreamDepthBlock() on AVX-512, kDepthBlock elsewhere.
+  // 768 + 768 + 512), at most StreamDepthBlock() on AVX-512, L1DepthBlock() elsewhere.
   const int64_t max_block =
-      static_cast<int64_t>(kStreamWeights ? StreamDepthBlock() : kDepthBlock);
+      static_cast<int64_t>(kStreamWeights ? StreamDepthBlock() : L1DepthBlock());
   const int64_t blocks = (k + max_block - 1) / max_block;
   const int64_t block = ((k + blocks - 1) / blocks + 15) / 16 * 16;
   // Within a depth block, column tile outside, row tile inside: the tile's slice of weights
-  // (kTilePanels panels x kc steps: 16 KiB on AVX2, in L1; 144 KiB at 768 steps on AVX-512,
+  // (kTilePanels panels x kc steps: 16-24 KiB on AVX2, in L1; 144 KiB at 768 steps on AVX-512,
   // in L2) is read by every row tile, x comes from L2 one row tile at a time.
   // A slice's first row tile reads it from memory (a model's weights, hundreds of MB, do not
   // stay in the L3 between calls): on AVX-512, 3 lines per 24 FMAs, more than one core's
