@@ -282,15 +282,17 @@ int64_t LinearPanelTileColsF32() { return static_cast<int64_t>(kTileCols); }
 // worse.
 constexpr size_t kWeightPrefetchSteps = kStreamWeights ? 32 : 0;
 
-// One panel of the slice that runs after this one, pulled in one 64-byte line per step of a
-// tile: `steps` lines from `panel` on (LinearPanelsF32 says why). Into the L2 (prefetcht1) where
-// a slice lives there (AVX-512: 144 KiB); into L1 (prefetcht0) where it lives in L1 (AVX2:
-// 16-24 KiB). On AVX2, prefetcht1 there measured 0-8% slower than the bursts of prefetcht0 this
-// replaced at two threads (bench_linear --cold --target AVX2, Zen 5), prefetcht0 level with them.
+// Lines of the slice that runs after this one, pulled in by a tile (LinearPanelsF32 says which
+// and why): line i >> shift of `panel` at each step i < steps, so one line every 2^shift steps.
+// Into the L2 (prefetcht1) where a slice lives there (AVX-512: 144 KiB); into L1 (prefetcht0)
+// where it lives in L1 (AVX2: 16-24 KiB). On AVX2, prefetcht1 there measured 0-8% slower than the
+// bursts of prefetcht0 this replaced at two threads (bench_linear --cold --target AVX2, Zen 5),
+// prefetcht0 level with them.
 constexpr int kNextLevel = kStreamWeights ? 2 : 3;
 struct NextLines {
   const float* panel = nullptr;
   size_t steps = 0;
+  size_t shift = 0;
 };
 
 template <size_t ROWS, size_t PANELS>
@@ -330,7 +332,8 @@ void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_s
 #endif
   for (size_t kk = 0; kk < kc; ++kk) {
     VF wv[PANELS][kWVecs];
-    if (kk < next.steps) __builtin_prefetch(next.panel + kk * kWeightPanel, 0, kNextLevel);
+    if (kk < next.steps)
+      __builtin_prefetch(next.panel + (kk >> next.shift) * kWeightPanel, 0, kNextLevel);
     if constexpr (kWeightPrefetchSteps > 0)
       for (size_t q = 0; q < PANELS; ++q)
         __builtin_prefetch(wq[q] + (kk + kWeightPrefetchSteps) * kWeightPanel);
@@ -467,6 +470,15 @@ void LinearPanelsF32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t
   // alone (no prefetch) measured level with the old one. Forced AVX2 (its bursts of
   // prefetcht0 between row tiles replaced by this): level (A B B A x 3, within 1%).
   // benchmarks/results/*-zen5-session23-changes.txt.
+  // Where the slice lives in L1 (one panel: AVX2, SSE4), its next slice is instead shared by all
+  // the later row tiles, in equal runs of lines, and a run of 32 lines or more is spaced out to
+  // one line every 2-8 steps: one tile pulling the whole next panel (384 lines at 48 KiB of L1d)
+  // kept more lines in flight than the core tracks, and the tile's own x lines from L2 waited
+  // behind them. Xeon family 6 model 207, AVX2, bench_linear --cold, one thread, 4 rounds
+  // alternating, best ms: 49x3072x768 3.23 -> 2.88, 49x768x3072 3.27 -> 2.87 (7 tiles: 55-line
+  // runs every 4 steps), 128x1536x512 2.53 -> 2.41, 196x384x1536 2.85 -> 2.74, 197x3072x768
+  // 11.26 -> 10.99, 784 rows level, 3136 rows 0-1.6% slower (k = 96: one line per tile).
+  // benchmarks/results/2026-12-06-xeon-session34-changes.txt.
   for (int64_t k0 = 0; k0 < k; k0 += block) {
     const int64_t kc = std::min(block, k - k0);
     const bool first = k0 == 0, last = k0 + kc == k;
@@ -483,7 +495,18 @@ void LinearPanelsF32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t
       }
       const int64_t next_panels = (std::min(tile_cols, nc_end - nc) + panel - 1) / panel;
       const size_t next_steps = static_cast<size_t>(std::min(block, k - nk0));
-      int64_t next_panel = 0;
+      // The next slice's lines per later row tile (AVX-512: one panel each) and their spacing.
+      const size_t next_lines = nc < nc_end ? static_cast<size_t>(next_panels) * next_steps : 0;
+      const size_t later_tiles =
+          static_cast<size_t>(std::max<int64_t>(1, (r1 - r0 + tile_rows - 1) / tile_rows - 1));
+      const size_t run =
+          kStreamWeights ? next_steps
+                         : std::min(next_steps, (next_lines + later_tiles - 1) / later_tiles);
+      size_t shift = 0;
+      while (!kStreamWeights && run >= 32 && shift < 3 &&
+             (run << (shift + 1)) <= static_cast<size_t>(kc))
+        ++shift;
+      size_t next_done = 0;
       for (int64_t r = r0, h = 0; r < r1; r += h) {
         h = static_cast<int64_t>(RowTileHeight(r1 - r));
         // The next row tile's outputs, which its loads (or first stores) would miss on.
@@ -491,8 +514,14 @@ void LinearPanelsF32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t
           for (int64_t cc = c; cc < c + static_cast<int64_t>(cols); cc += panel)
             __builtin_prefetch(y + rr * ldy + cc, 1);
         NextLines next;
-        if (r > r0 && next_panel < next_panels)
-          next = {wp + (nc / panel + next_panel++) * panel_stride + nk0 * panel, next_steps};
+        if (r > r0 && next_done < next_lines) {
+          const size_t q = next_done / next_steps, s0 = next_done % next_steps;
+          const size_t n = std::min(run, next_steps - s0);  // within one panel
+          next = {wp + (nc / panel + static_cast<int64_t>(q)) * panel_stride +
+                      (nk0 + static_cast<int64_t>(s0)) * panel,
+                  n << shift, shift};
+          next_done += n;
+        }
         PanelTile(x + r * ldx + k0, ldx, slice, panel_stride, static_cast<size_t>(kc),
                   static_cast<size_t>(h), cols, first,
                   last && bias ? bias + c : nullptr, y + r * ldy + c, ldy, next);
