@@ -1285,9 +1285,9 @@ BOOST_AUTO_TEST_CASE(linear_matvec_matches_float64_and_any_split) {
 // around every target's tile of 1-8 rows, features around the 16-feature panel and the tile's
 // 16-48 features, depths around AVX2's blocks (half the L1d: 256 steps at 32 KiB, 384 at 48)
 // and past AVX-512's L1d-sized ones, 512 or 768: k = 1030 is two or three blocks; each call's
-// next columns prefetched) and
-// `panels_matvec` (1-4 rows), against a float64 product on every target, strided x and y, with
-// and without bias; x, w and the panels end at an inaccessible page, y's padding stays untouched.
+// next columns prefetched) and `panels_matvec` (1-4 rows), against a float64 product on every
+// target, strided x and y, with and without bias; x, w and the panels end at an inaccessible
+// page, y's padding stays untouched.
 // The same product in pieces (rows in ranges of 5, columns in task steps) and the x-panel
 // kernel (`packed`) must give the same bits: the layer splits work over threads that way, a
 // model's projections must not depend on whether its weights were packed, and a decode step's

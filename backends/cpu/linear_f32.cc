@@ -477,7 +477,7 @@ void LinearPanelsF32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t
   // behind them. Xeon family 6 model 207, AVX2, bench_linear --cold, one thread, 4 rounds
   // alternating, best ms: 49x3072x768 3.23 -> 2.88, 49x768x3072 3.27 -> 2.87 (7 tiles: 55-line
   // runs every 4 steps), 128x1536x512 2.53 -> 2.41, 196x384x1536 2.85 -> 2.74, 197x3072x768
-  // 11.26 -> 10.99, 784 rows level, 3136 rows 0-1.6% slower (k = 96: one line per tile).
+  // 11.26 -> 10.99; 784 rows level, 3136 rows (k = 96) level to 1.6% slower.
   // benchmarks/results/2026-12-06-xeon-session34-changes.txt.
   for (int64_t k0 = 0; k0 < k; k0 += block) {
     const int64_t kc = std::min(block, k - k0);
