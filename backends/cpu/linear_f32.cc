@@ -201,7 +201,7 @@ void LinearPackedF32(int64_t m, int64_t k, const float* packed, int64_t p0, int6
 // panel q holds wp[q][kk][j] = w[16 q + j][kk] (zeros past n). The layout is the same on every
 // target; only the tile differs. Micro-kernel: kTileRows rows of x (broadcast, read in place)
 // times kTilePanels panels (loaded as vectors). A column tile's depth slice (on AVX2 one panel x
-// L1DepthBlock() steps, half the L1d; on AVX-512 three panels x ~768 steps, in L2) stays while
+// DepthBlock() steps, half the L1d; on AVX-512 three panels x ~768 steps, in L2) stays while
 // every row tile of the task passes over it, and x comes from L2 at one float per row per step.
 // This is the GotoBLAS/MLAS arrangement; the x-panel kernel loads 32 x floats per step from L2
 // for 3 weight rows on AVX2, and waits on those loads.
@@ -218,8 +218,7 @@ static_assert(kWeightPanel % kLanes == 0, "a weight panel is a whole number of v
 // Accumulators kTileRows x kTilePanels x kWVecs: AVX-512 8 x 3 x 1 = 24 (3 loads + 8 broadcasts
 // per 24 FMAs); AVX2 6 x 1 x 2 = 12 (2 + 6 per 12); SSE4 3 x 1 x 4 = 12; SCALAR 1 x 1 x 16.
 // kStreamWeights: the tile's weights stream from L2 (AVX-512: each step prefetches its own
-// streams ahead, depth blocks sized from the L1d by StreamDepthBlock) rather than stay in L1
-// (depth blocks of L1DepthBlock steps).
+// streams ahead) rather than stay in L1. Depth blocks of DepthBlock() steps either way.
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 constexpr size_t kTileRows = 8, kTilePanels = 3;
 constexpr bool kStreamWeights = true;
@@ -235,34 +234,29 @@ constexpr bool kStreamWeights = false;
 #endif
 constexpr size_t kTileCols = kTilePanels * kWeightPanel;
 
-// The depth block where the slice stays in L1 (AVX2, SSE4, SCALAR): the slice (kTileCols floats
-// per step) in half of the L1d, the rest for the row tiles' x lines. 32 KiB (Zen 3, Zen 4): 256
-// steps, 16 KiB, the size chosen on Zen 3; 48 KiB (Zen 5, Intel cores since Ice Lake, the
-// P-cores of Intel's AVX2 desktops among them): 384. On the Xeon family 6 model 207 (48 KiB),
-// AVX2, bench_linear --cold, one thread, pinned, 4 rounds alternating, ms against 256 steps:
-// 197x768x3072 11.35-11.77 against 11.61-12.13, 197x2304x768 8.36-8.62 against 8.48-8.62,
-// 3136x96x384 2.70-2.71 against 2.74-2.79; 49x768x3072 level (3.25-3.32 against 3.23-3.31).
+// The depth block, from the L1d, whose half holds what a tile keeps there across a depth block.
+// Where the slice stays in L1 (AVX2, SSE4, SCALAR): the slice itself (kTileCols floats per
+// step), the rest for the row tiles' x lines. 32 KiB (Zen 3, Zen 4): 256 steps, 16 KiB, the
+// size chosen on Zen 3; 48 KiB (Zen 5, Intel cores since Ice Lake, the P-cores of Intel's AVX2
+// desktops among them): 384. On the Xeon family 6 model 207 (48 KiB), AVX2, bench_linear
+// --cold, one thread, pinned, 4 rounds alternating, ms against 256 steps: 197x768x3072
+// 11.35-11.77 against 11.61-12.13, 197x2304x768 8.36-8.62 against 8.48-8.62, 3136x96x384
+// 2.70-2.71 against 2.74-2.79; 49x768x3072 level (3.25-3.32 against 3.23-3.31).
 // benchmarks/results/2026-12-06-xeon-session34-changes.txt.
-size_t L1DepthBlock() {
+// AVX-512 (slices streamed from L2): a row tile's x slice (kTileRows x kc floats), the rest for
+// the weight streams' lines in flight. Zen 4 (32 KiB): 512 steps; Zen 5 (48 KiB): 768. Chosen
+// when the row tile was the outer loop and its x slice stayed in L1 across the column tiles;
+// there, against 512, one thread, bench_linear --cold (alternating, 2 rounds): 197x2304x768
+// 200-202 -> 205-206 GFLOP/s, 197x768x3072 201-202 -> 204-206, 512x512x2048 199-201 -> 202-204;
+// 1024 no better, worse at k = 2048. With the column tile outside (LinearPanelsF32), one run of
+// each, 2 rounds: 512 was 2-9% slower at 197x3072x768 and 49x2304x768, 1024 and one block for
+// all of k level with 768 within the drift.
+size_t DepthBlock() {
   static const size_t block = [] {
-    const size_t steps = cpu::l1d_cache_bytes() / 2 / (kTileCols * sizeof(float)) / 16 * 16;
-    return std::clamp<size_t>(steps, 128, 1024);
-  }();
-  return block;
-}
-
-// AVX-512's depth block, from the L1d: a row tile's x slice (kTileRows x kc floats) in half of
-// it, the rest for the weight streams' lines in flight. Zen 4 (32 KiB): 512 steps; Zen 5
-// (48 KiB): 768. Chosen when the row tile was the outer loop and its x slice stayed in L1
-// across the column tiles; there, against 512, one thread, bench_linear --cold (alternating, 2
-// rounds): 197x2304x768 200-202 -> 205-206 GFLOP/s, 197x768x3072 201-202 -> 204-206,
-// 512x512x2048 199-201 -> 202-204; 1024 no better, worse at k = 2048. With the column tile
-// outside (LinearPanelsF32), one run of each, 2 rounds: 512 was 2-9% slower at 197x3072x768
-// and 49x2304x768, 1024 and one block for all of k level with 768 within the drift.
-size_t StreamDepthBlock() {
-  static const size_t block = [] {
-    const size_t steps = cpu::l1d_cache_bytes() / 2 / (kTileRows * sizeof(float)) / 64 * 64;
-    return std::clamp<size_t>(steps, 256, 1024);
+    const size_t half_l1d = cpu::l1d_cache_bytes() / 2;
+    if constexpr (kStreamWeights)
+      return std::clamp<size_t>(half_l1d / (kTileRows * sizeof(float)) / 64 * 64, 256, 1024);
+    return std::clamp<size_t>(half_l1d / (kTileCols * sizeof(float)) / 16 * 16, 128, 1024);
   }();
   return block;
 }
@@ -446,9 +440,8 @@ void LinearPanelsF32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t
   c1 = std::min(c1, n);
   next_c1 = std::min(next_c1, n);
   // Depth blocks of equal size (to 16 steps: k = 2048 at 768 is 688 + 688 + 672, not
-  // 768 + 768 + 512), at most StreamDepthBlock() on AVX-512, L1DepthBlock() elsewhere.
-  const int64_t max_block =
-      static_cast<int64_t>(kStreamWeights ? StreamDepthBlock() : L1DepthBlock());
+  // 768 + 768 + 512), at most DepthBlock().
+  const int64_t max_block = static_cast<int64_t>(DepthBlock());
   const int64_t blocks = (k + max_block - 1) / max_block;
   const int64_t block = ((k + blocks - 1) / blocks + 15) / 16 * 16;
   // Within a depth block, column tile outside, row tile inside: the tile's slice of weights
