@@ -237,8 +237,8 @@ HWY_INLINE void GeluErfF32(D d, V (&x)[K]) {
 // no more than erf's own error: at most 2.1e-8 absolute for erf / 2, |x| 2.1e-8 for gelu
 // (1.1e-7 at x = -5) plus the result's rounding; the test measures 3.6e-7 on [-15, 15], the
 // erfc form 3.8e-7. Below x ~ -5.5 the result is 0, as PyTorch's float erf gives it. Per vector
-// 7 (AVX-512: 6) table lookups, which Intel runs on port 5 and AMD on pipes of their own, beside
-// ~13 FMA-pipe ops, against ~32 FMA-pipe ops for the erfc form. bench_kernels "gelu_f32 erf, 48K
+// 7 (AVX-512: 6) table lookups, which Intel runs on port 5 beside its two FMA ports, and ~13
+// FMA-pipe ops, against ~32 FMA-pipe ops for the erfc form. bench_kernels "gelu_f32 erf, 48K
 // in place", Xeon family 6 model 207, pinned, 3 runs each: AVX2 1.03 -> 0.52 ns per value,
 // AVX-512 0.63 -> 0.39; swin_t, one thread, alternating processes: AVX2 126.4 -> 122.9 ms
 // (medians of 6), AVX-512 ~2% (GELU runs over 5.7 M values per forward). K (the vectors side
