@@ -367,7 +367,7 @@ HWY_INLINE void GeluLoopF32(size_t n, const float* x, float* y) {
       for (size_t u = 0; u < K; ++u) hn::StoreU(v[u], d, y + i + u * N);
     }
   }
-  const auto gelu = [d, &gelu_erf](V v) HWY_ATTR {
+  const auto gelu = [&](V v) HWY_ATTR {
     if constexpr (kTanh) return GeluTanhF32(d, v);
     V a[1] = {v};
     gelu_erf(a);
