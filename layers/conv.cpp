@@ -879,7 +879,8 @@ class AdaptiveAvgPool2dOp : public Op {
     auto entry = [&](const ojson& v) -> std::optional<int64_t> {
       if (v.is_null()) return std::nullopt;
       const int64_t n = json_int(a, "output_size", kWant, *s, v, where);
-      if (n < 0) fail(ErrorCode::Constraint, where, "output_size=" + shown_arg(*s) + " must be >= 0");
+      if (n < 0)
+        fail(ErrorCode::Constraint, where, "output_size=" + shown_arg(*s) + " must be >= 0");
       return n;
     };
     if (s->is_array()) {

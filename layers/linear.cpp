@@ -343,9 +343,10 @@ void linear_rows(const Linear& layer, const Tensor& x, Tensor& y, Workspace& ws,
   const int64_t rows = K > 0 ? x.numel() / K : 0;
   const ParameterSet& p = layer.parameters();
   float* scratch = ws.take<float>(linear_workspace_floats(cpu_device(), rows, K, N));
+  const float* bias = layer.has_bias() ? p.tensor("bias").data<float>() : nullptr;
   linear_forward_f32(cpu_device(), rows, K, N, rows ? x.data<float>() : nullptr, K,
-                     p.projection("weight"), layer.has_bias() ? p.tensor("bias").data<float>() : nullptr,
-                     rows ? y.data<float>() : nullptr, N, scratch, act);
+                     p.projection("weight"), bias, rows ? y.data<float>() : nullptr, N, scratch,
+                     act);
 }
 
 }  // namespace
@@ -452,7 +453,9 @@ class LinearOp : public Op {
   const char* name() const override { return "linear"; }
   // `weight`, when connected, replaces the node's own weight parameter: a tied weight read by
   // its full name ("tok.weight"), stored and counted once (interfaces.md §1).
-  std::vector<PortSpec> input_ports() const override { return {PortSpec{"x", false}, PortSpec{"weight", true}}; }
+  std::vector<PortSpec> input_ports() const override {
+    return {PortSpec{"x", false}, PortSpec{"weight", true}};
+  }
   std::vector<std::string> output_ports() const override { return {"out"}; }
 
   InferResult infer(const InputTypes& in, SymbolBindings&) const override {
@@ -484,9 +487,9 @@ class LinearOp : public Op {
     const double rows = elements(x) / static_cast<double>(K);
     OpCost c;
     c.flops = 2.0 * elements(x) * static_cast<double>(out_);
-    c.workspace_bytes =
-        sizeof(float) *
-        static_cast<double>(linear_workspace_floats(cpu_device(), static_cast<int64_t>(rows), K, out_));
+    const int64_t ws_floats =
+        linear_workspace_floats(cpu_device(), static_cast<int64_t>(rows), K, out_);
+    c.workspace_bytes = sizeof(float) * static_cast<double>(ws_floats);
     return c;
   }
   // in_features and the weight are fixed (infer), so x's rows are positions.

@@ -72,8 +72,8 @@ struct Layout {
 // batch-first buffer with appended positions has a gap after each sequence: then one GEMM per
 // sequence.
 void project(const Device& device, const float* x, int64_t len_in, int64_t in_features,
-             int64_t out_features, ProjectionWeight w, const float* bias, float* y, const Layout& out,
-             float* linear_ws) {
+             int64_t out_features, ProjectionWeight w, const float* bias, float* y,
+             const Layout& out, float* linear_ws) {
   if (!out.batch_first || out.len == len_in) {
     linear_forward_f32(device, len_in * out.batch, in_features, out_features, x, in_features, w,
                        bias, y, out.ld, linear_ws);

@@ -92,7 +92,8 @@ struct Graph {
 class SourceTable {
  public:
   explicit SourceTable(const NetworkSpec& spec) {
-    for (size_t i = 0; i < spec.inputs.size(); ++i) input_index_[spec.inputs[i].name] = static_cast<int>(i);
+    for (size_t i = 0; i < spec.inputs.size(); ++i)
+      input_index_[spec.inputs[i].name] = static_cast<int>(i);
     for (size_t i = 0; i < spec.nodes.size(); ++i)
       node_index_[spec.nodes[i].name] = static_cast<int>(i);
   }
@@ -581,7 +582,8 @@ WeightsReport Model::load_weights(const std::map<std::string, Tensor>& state, bo
         misshaped.push_back(key + " (a buffer; not the value " + nodes[i].op->where() +
                             " computes from its arguments)");
       else if (it == state.end() && unusable.count(key))
-        misshaped.push_back(key + " (dtype " + unusable.at(key) + " is not a number type tessera reads)");
+        misshaped.push_back(key + " (dtype " + unusable.at(key) +
+                            " is not a number type tessera reads)");
     }
     const ParameterSet* ps = layers_[i]->parameters();
     if (!ps) continue;

@@ -56,7 +56,8 @@ void Scores(const DecodeAttentionBlock& b, const float* HWY_RESTRICT qs, float* 
       for (size_t u = 0; u < kKeyVecs; ++u)
         acc[u] = hn::MulAdd(qv, hn::LoadU(d, row + u * N), acc[u]);
     }
-    for (size_t u = 0; u < kKeyVecs; ++u) hn::Store(acc[u], d, out + s + static_cast<int64_t>(u * N));
+    for (size_t u = 0; u < kKeyVecs; ++u)
+      hn::Store(acc[u], d, out + s + static_cast<int64_t>(u * N));
   }
   for (; s + static_cast<int64_t>(N) <= n; s += static_cast<int64_t>(N)) {
     VF acc = hn::Zero(d);

@@ -548,8 +548,10 @@ void PanelMatvecRows(int64_t k, const float* const* x, const float* wp, int64_t 
     HWY_ALIGN float out[kWeightPanel];
     for (size_t r = 0; r < R; ++r) {
       for (size_t v = 0; v < kWVecs; ++v) hn::Store(acc[r][v], d, out + v * kLanes);
-      for (size_t j = 0; j < valid; ++j)
-        y[r][c + static_cast<int64_t>(j)] = bias ? out[j] + bias[c + static_cast<int64_t>(j)] : out[j];
+      for (size_t j = 0; j < valid; ++j) {
+        const int64_t col = c + static_cast<int64_t>(j);
+        y[r][col] = bias ? out[j] + bias[col] : out[j];
+      }
     }
   }
 }

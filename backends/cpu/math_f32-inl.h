@@ -57,10 +57,10 @@ HWY_INLINE hn::Vec512<float> ScaleByPow2OrZero(D /*d*/, hn::Vec512<float> x, hn:
 #endif
 
 // e^x for x <= 88 (e^88 = 1.65e38 is the largest power below FLT_MAX = 3.4e38 with margin).
-// Relative error about 1 ulp (Cephes expf polynomial; figures above). Differs from hn::Exp in two ways that
-// softmax relies on: NaN in gives NaN out (hn::Exp returns 0, which would silently drop a NaN
-// logit from its row), and x < -87 gives exactly 0 (so -inf gives 0, and no subnormal is
-// formed: e^-87 = 1.6e-38 is just above FLT_MIN = 1.18e-38).
+// Relative error about 1 ulp (Cephes expf polynomial; figures above). Differs from hn::Exp in
+// two ways that softmax relies on: NaN in gives NaN out (hn::Exp returns 0, which would
+// silently drop a NaN logit from its row), and x < -87 gives exactly 0 (so -inf gives 0, and no
+// subnormal is formed: e^-87 = 1.6e-38 is just above FLT_MIN = 1.18e-38).
 template <class D, class V = hn::Vec<D>>
 HWY_INLINE V ExpF32(D d, V x) {
   // Adding 1.5 * 2^23 rounds x/ln2 to the nearest integer n (the float add has no fraction
