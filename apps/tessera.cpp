@@ -363,7 +363,8 @@ int cmd_recipe(int argc, char** argv) {
   try {
     Network::resolve(parse_network(text, "recipe " + arch));
   } catch (const Error& e) {
-    fail(ErrorCode::Internal, "recipe " + arch, std::string("the network does not resolve: ") + e.what());
+    fail(ErrorCode::Internal, "recipe " + arch,
+         std::string("the network does not resolve: ") + e.what());
   }
   if (const auto out = cmd.optional("output")) {
     write_file_atomically(*out, [&](int fd) { write_all(fd, text.data(), text.size(), *out); });
@@ -509,7 +510,8 @@ void print_profile(const std::vector<NodeTime>& all, uint64_t reps) {
   std::map<std::string, NodeTime> by_op;
   std::map<std::string, int> count;
   for (const NodeTime& t : nodes) {
-    NodeTime& o = by_op.try_emplace(t.op, NodeTime{t.op, t.op, 0.0, 0.0, "", "", "", ""}).first->second;
+    NodeTime& o =
+        by_op.try_emplace(t.op, NodeTime{t.op, t.op, 0.0, 0.0, "", "", "", ""}).first->second;
     o.ms += t.ms;
     o.flops += t.flops;
     ++count[t.op];
@@ -617,7 +619,8 @@ int cmd_bench(int argc, char** argv) {
     const TensorDesc& d = descs.at(v.name);
     // Masks keep everything (false), so every run does the full work; ids are drawn in
     // [0, the smallest table an embedding reads them with), as real tokens would be.
-    Tensor t = d.dtype == DType::F32 ? Tensor::randn(d.shape, gen) : Tensor::zeros(d.shape, d.dtype);
+    Tensor t =
+        d.dtype == DType::F32 ? Tensor::randn(d.shape, gen) : Tensor::zeros(d.shape, d.dtype);
     if (d.dtype == DType::I64) {
       const uint64_t limit = embedding_rows_for(bound, value);
       int64_t* ids = t.data<int64_t>();
@@ -671,7 +674,8 @@ int cmd_bench(int argc, char** argv) {
                  "", "", "", ""};
       if (plan.node_activations()[i] != Activation::none)
         t.activation = activation_name(plan.node_activations()[i]);
-      if (const int j = plan.summed_adds()[i]; j >= 0) t.summed = nodes[static_cast<size_t>(j)].name;
+      if (const int j = plan.summed_adds()[i]; j >= 0)
+        t.summed = nodes[static_cast<size_t>(j)].name;
       profile.push_back(std::move(t));
     }
     // A node run inside another (an activation inside the linear before it, an add inside the
@@ -702,7 +706,8 @@ int cmd_bench(int argc, char** argv) {
     if (cmd.has("profile")) {
       j["profile"] = nlohmann::ordered_json::array();
       for (const NodeTime& t : profile) {
-        nlohmann::ordered_json e = {{"node", t.node}, {"op", t.op}, {"ms", t.ms}, {"gflop", t.flops / 1e9}};
+        nlohmann::ordered_json e = {
+            {"node", t.node}, {"op", t.op}, {"ms", t.ms}, {"gflop", t.flops / 1e9}};
         if (!t.activation.empty()) e["activation"] = t.activation;
         if (!t.fused_into.empty()) e["fused_into"] = t.fused_into;
         if (!t.summed.empty()) e["summed"] = t.summed;
@@ -761,7 +766,8 @@ Tensor read_prompt_file(const std::string& path, const std::string& ids_name) {
              (f.names().empty() ? std::string("none") : join(f.names())));
   const SafetensorsTensorInfo& info = f.info(ids_name);
   if (!info.dtype || (*info.dtype != DType::I64 && *info.dtype != DType::I32))
-    fail(ErrorCode::DType, path, ids_name + " is " + info.dtype_name + "; token ids are I64 or I32");
+    fail(ErrorCode::DType, path,
+         ids_name + " is " + info.dtype_name + "; token ids are I64 or I32");
   Tensor t = f.tensor(ids_name);
   if (t.dim() != 2 || t.size(1) < 1 || t.size(0) < 1)
     fail(ErrorCode::Shape, path, ids_name + " " + t.shape_str() + " is not [B, T] with B, T >= 1");
@@ -900,7 +906,8 @@ void apply_simd_target_from_environment() {
 int dispatch(int argc, char** argv, std::string& where) {
   apply_simd_target_from_environment();
   if (argc < 2)
-    fail(ErrorCode::Arg, "tessera", "no command given (run, summary, inspect, bench, recipe, generate; see --help)");
+    fail(ErrorCode::Arg, "tessera",
+         "no command given (run, summary, inspect, bench, recipe, generate; see --help)");
   const std::string command = argv[1];
   if (command == "--help" || command == "-h" || command == "help") {
     std::cout << kUsage;

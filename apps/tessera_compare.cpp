@@ -116,7 +116,8 @@ int compare(int argc, char** argv) {
       auto argmax = [classes](const std::vector<double>& v, int64_t r) {
         int64_t best = 0;
         for (int64_t c = 1; c < classes; ++c)
-          if (v[static_cast<size_t>(r * classes + c)] > v[static_cast<size_t>(r * classes + best)]) best = c;
+          if (v[static_cast<size_t>(r * classes + c)] > v[static_cast<size_t>(r * classes + best)])
+            best = c;
         return best;
       };
       int64_t correct = 0, agree = 0;
@@ -125,11 +126,12 @@ int compare(int argc, char** argv) {
         correct += mine == static_cast<int64_t>(labels[static_cast<size_t>(r)]);
         agree += mine == argmax(ev, r);
       }
-      std::printf("%s: accuracy %.4f (%lld/%lld correct); predictions equal to the expected "
-                  "ones: %lld/%lld\n",
-                  name.c_str(), rows ? static_cast<double>(correct) / static_cast<double>(rows) : 0.0,
-                  static_cast<long long>(correct), static_cast<long long>(rows),
-                  static_cast<long long>(agree), static_cast<long long>(rows));
+      std::printf(
+          "%s: accuracy %.4f (%lld/%lld correct); predictions equal to the expected "
+          "ones: %lld/%lld\n",
+          name.c_str(), rows ? static_cast<double>(correct) / static_cast<double>(rows) : 0.0,
+          static_cast<long long>(correct), static_cast<long long>(rows),
+          static_cast<long long>(agree), static_cast<long long>(rows));
       ok = ok && agree == rows;
     }
   }

@@ -152,7 +152,8 @@ int RunWindows(const std::vector<WindowShape>& shapes, double min_ms) {
     const int64_t per_side = (w.map + kWindow - 1) / kWindow, windows = per_side * per_side;
     const int64_t pad = per_side * kWindow, tokens = windows * N;
     const bool shifted = kWindow < pad;
-    std::vector<float> qkv(static_cast<size_t>(tokens * 3 * C)), out(static_cast<size_t>(tokens * C));
+    std::vector<float> qkv(static_cast<size_t>(tokens * 3 * C)),
+        out(static_cast<size_t>(tokens * C));
     const int64_t entries = (2 * kWindow - 1) * (2 * kWindow - 1);
     std::vector<float> table(static_cast<size_t>(entries * H));
     for (float& x : qkv) x = dist(rng);

@@ -143,9 +143,10 @@ int main(int argc, char** argv) {
           k.gelu_f32(kL2, z.data(), z.data(), tanh_form);
         }
       });
-      std::printf("%-44s %8.2f G values/s (%.2f ns per value, copy included)\n",
-                  tanh_form ? "gelu_f32 tanh, 48K in place (L2)" : "gelu_f32 erf, 48K in place (L2)",
-                  kL2 * kPasses / t.cpu * 1e-9, t.cpu / (kL2 * kPasses) * 1e9);
+      std::printf(
+          "%-44s %8.2f G values/s (%.2f ns per value, copy included)\n",
+          tanh_form ? "gelu_f32 tanh, 48K in place (L2)" : "gelu_f32 erf, 48K in place (L2)",
+          kL2 * kPasses / t.cpu * 1e-9, t.cpu / (kL2 * kPasses) * 1e9);
     }
   }
   report_gbs("add_f32 4M", 3.0 * n * sizeof(float),

@@ -171,7 +171,8 @@ int main(int argc, char** argv) {
     const int64_t n_panels = (s.n + lk.weight_panel - 1) / lk.weight_panel;
     const int64_t panel_floats = (lk.weight_panel_floats(s.n, s.k) + 15) / 16 * 16;
     const int64_t copies =
-        cold ? std::max<int64_t>(1, ((int64_t{96} << 20) / 4 + panel_floats - 1) / panel_floats) : 1;
+        cold ? std::max<int64_t>(1, ((int64_t{96} << 20) / 4 + panel_floats - 1) / panel_floats)
+             : 1;
     std::vector<float> panel_store(static_cast<size_t>(copies * panel_floats + 16));
     float* panels = panel_store.data() +
                     (16 - reinterpret_cast<uintptr_t>(panel_store.data()) / 4 % 16) % 16;

@@ -32,7 +32,8 @@ inline int64_t calibrate_fma_loop(FmaLoopFn loop, double ms) {
     loop(iters, 1.0f, &sink);
     const double s = fma_now_s() - t0;
     if (s * 1e3 >= ms / 4 || iters > (int64_t{1} << 40)) {
-      return std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(iters) * ms / (s * 1e3)));
+      return std::max<int64_t>(1,
+                               static_cast<int64_t>(static_cast<double>(iters) * ms / (s * 1e3)));
     }
     iters *= 2;
   }

@@ -121,7 +121,8 @@ int main(int argc, char** argv) {
   std::vector<std::pair<int, double>> results;
   for (int n = only ? max_threads : 1; n <= max_threads; ++n) {
     double best = 0.0;
-    for (int r = 0; r < rounds; ++r) best = std::max(best, fma_round_gflops(DispatchedFmaLoop, n, iters, r));
+    for (int r = 0; r < rounds; ++r)
+      best = std::max(best, fma_round_gflops(DispatchedFmaLoop, n, iters, r));
     results.emplace_back(n, best);
   }
   std::vector<CpuRates> cpus;

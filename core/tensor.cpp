@@ -86,7 +86,8 @@ int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) {
     if (d < 0) shape_error("shape", "negative dimension in " + shape_to_string(shape));
-    if (mul_overflows(n, d, &n)) shape_error("shape", "element count of " + shape_to_string(shape) + " overflows");
+    if (mul_overflows(n, d, &n))
+      shape_error("shape", "element count of " + shape_to_string(shape) + " overflows");
   }
   return n;
 }
@@ -190,7 +191,8 @@ Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype,
                     std::shared_ptr<const void> owner, bool read_only, bool file_mapped) {
   const int64_t n = shape_numel(shape);
   if (reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) != 0)
-    fail(ErrorCode::Internal, "Tensor::wrap", "data not aligned for " + std::string(dtype_name(dtype)));
+    fail(ErrorCode::Internal, "Tensor::wrap",
+         "data not aligned for " + std::string(dtype_name(dtype)));
   auto storage = std::make_shared<Storage>(data, static_cast<size_t>(n) * dtype_size(dtype),
                                            std::move(owner), read_only, file_mapped);
   return Tensor(std::move(storage), dtype, shape, contiguous_strides(shape), 0);
@@ -236,7 +238,8 @@ bool Tensor::is_contiguous() const {
 
 void* Tensor::raw_data() const {
   if (!storage_) fail(ErrorCode::Internal, "Tensor", "access to an undefined tensor");
-  return static_cast<uint8_t*>(storage_->data()) + offset_ * static_cast<int64_t>(dtype_size(dtype_));
+  return static_cast<uint8_t*>(storage_->data()) +
+         offset_ * static_cast<int64_t>(dtype_size(dtype_));
 }
 
 int64_t Tensor::wrap_dim(int64_t d) const {
@@ -257,7 +260,8 @@ int64_t Tensor::wrap_dim_inclusive(int64_t d) const {
 
 int64_t Tensor::element_offset(const std::vector<int64_t>& index) const {
   if (static_cast<int64_t>(index.size()) != dim())
-    shape_error("Tensor", std::to_string(index.size()) + " indices for a " + std::to_string(dim()) + "-d tensor");
+    shape_error("Tensor", std::to_string(index.size()) + " indices for a " + std::to_string(dim()) +
+                              "-d tensor");
   int64_t off = 0;
   for (size_t i = 0; i < index.size(); ++i) {
     if (index[i] < 0 || index[i] >= shape_[i])
@@ -276,7 +280,8 @@ static Shape resolve_shape(Shape shape, int64_t numel, const Shape& from) {
   int infer = -1;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1) {
-      if (infer >= 0) shape_error("Tensor::view", "only one dimension can be -1 in " + shape_to_string(shape));
+      if (infer >= 0)
+        shape_error("Tensor::view", "only one dimension can be -1 in " + shape_to_string(shape));
       infer = static_cast<int>(i);
     } else if (shape[i] < 0) {
       shape_error("Tensor::view", "invalid dimension in " + shape_to_string(shape));
@@ -286,11 +291,13 @@ static Shape resolve_shape(Shape shape, int64_t numel, const Shape& from) {
   }
   if (infer >= 0) {
     if (known == 0 || numel % known != 0)
-      shape_error("Tensor::view", "cannot view " + shape_to_string(from) + " as " + shape_to_string(shape));
+      shape_error("Tensor::view",
+                  "cannot view " + shape_to_string(from) + " as " + shape_to_string(shape));
     shape[infer] = numel / known;
   } else if (known != numel) {
-    shape_error("Tensor::view", "cannot view " + shape_to_string(from) + " (" + std::to_string(numel) +
-                                    " elements) as " + shape_to_string(shape));
+    shape_error("Tensor::view", "cannot view " + shape_to_string(from) + " (" +
+                                    std::to_string(numel) + " elements) as " +
+                                    shape_to_string(shape));
   }
   return shape;
 }
@@ -337,15 +344,17 @@ Tensor Tensor::view(Shape shape) const {
   shape = resolve_shape(std::move(shape), numel(), shape_);
   Shape strides;
   if (!view_strides(shape_, strides_, shape, &strides))
-    shape_error("Tensor::view", "cannot view a non-contiguous " + shape_to_string(shape_) + " tensor as " +
-                                    shape_to_string(shape) + " (use reshape or contiguous)");
+    shape_error("Tensor::view", "cannot view a non-contiguous " + shape_to_string(shape_) +
+                                    " tensor as " + shape_to_string(shape) +
+                                    " (use reshape or contiguous)");
   return Tensor(storage_, dtype_, shape, strides, offset_);
 }
 
 Tensor Tensor::reshape(Shape shape) const {
   shape = resolve_shape(std::move(shape), numel(), shape_);
   Shape strides;
-  if (view_strides(shape_, strides_, shape, &strides)) return Tensor(storage_, dtype_, shape, strides, offset_);
+  if (view_strides(shape_, strides_, shape, &strides))
+    return Tensor(storage_, dtype_, shape, strides, offset_);
   return contiguous().view(shape);
 }
 
@@ -360,7 +369,8 @@ Tensor Tensor::transpose(int64_t a, int64_t b) const {
 
 Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
   if (static_cast<int64_t>(dims.size()) != dim())
-    shape_error("Tensor::permute", std::to_string(dims.size()) + " dims for a " + std::to_string(dim()) + "-d tensor");
+    shape_error("Tensor::permute",
+                std::to_string(dims.size()) + " dims for a " + std::to_string(dim()) + "-d tensor");
   std::vector<bool> seen(dims.size(), false);
   Shape shape(dims.size()), strides(dims.size());
   for (size_t i = 0; i < dims.size(); ++i) {
@@ -377,9 +387,9 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   d = wrap_dim(d);
   if (start < 0) start += shape_[d];
   if (start < 0 || length < 0 || start > shape_[d] || length > shape_[d] - start)
-    shape_error("Tensor::narrow", "range [" + std::to_string(start) + ", " + std::to_string(start) + "+" +
-                                      std::to_string(length) + ") out of dimension " + std::to_string(d) +
-                                      " of size " + std::to_string(shape_[d]));
+    shape_error("Tensor::narrow", "range [" + std::to_string(start) + ", " + std::to_string(start) +
+                                      "+" + std::to_string(length) + ") out of dimension " +
+                                      std::to_string(d) + " of size " + std::to_string(shape_[d]));
   Shape shape = shape_;
   shape[d] = length;
   return Tensor(storage_, dtype_, shape, strides_, offset_ + start * strides_[d]);
@@ -403,8 +413,8 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   d = wrap_dim(d);
   if (index < 0) index += shape_[d];
   if (index < 0 || index >= shape_[d])
-    shape_error("Tensor::select", "index " + std::to_string(index) + " out of dimension " + std::to_string(d) +
-                                      " of size " + std::to_string(shape_[d]));
+    shape_error("Tensor::select", "index " + std::to_string(index) + " out of dimension " +
+                                      std::to_string(d) + " of size " + std::to_string(shape_[d]));
   Shape shape = shape_, strides = strides_;
   shape.erase(shape.begin() + d);
   strides.erase(strides.begin() + d);
@@ -441,7 +451,8 @@ Tensor Tensor::squeeze() const {
 
 Tensor Tensor::expand(const Shape& shape) const {
   if (shape.size() < shape_.size())
-    shape_error("Tensor::expand", "cannot expand " + shape_to_string(shape_) + " to fewer dims " + shape_to_string(shape));
+    shape_error("Tensor::expand", "cannot expand " + shape_to_string(shape_) + " to fewer dims " +
+                                      shape_to_string(shape));
   const size_t lead = shape.size() - shape_.size();
   Shape out_shape(shape.size()), out_strides(shape.size());
   for (size_t i = 0; i < shape.size(); ++i) {
@@ -460,7 +471,8 @@ Tensor Tensor::expand(const Shape& shape) const {
       out_shape[i] = want;
       out_strides[i] = 0;
     } else {
-      shape_error("Tensor::expand", "cannot expand " + shape_to_string(shape_) + " to " + shape_to_string(shape));
+      shape_error("Tensor::expand",
+                  "cannot expand " + shape_to_string(shape_) + " to " + shape_to_string(shape));
     }
   }
   shape_numel(out_shape);
@@ -475,17 +487,20 @@ Tensor Tensor::reinterpret(DType dtype, const Shape& shape) const {
   if (mul_overflows(shape_numel(shape), static_cast<int64_t>(dtype_size(dtype)), &bytes) ||
       static_cast<size_t>(bytes) > nbytes())
     shape_error("Tensor::reinterpret", shape_to_string(shape) + " of " + dtype_name(dtype) +
-                                           " does not fit in " + std::to_string(nbytes()) + " bytes");
+                                           " does not fit in " + std::to_string(nbytes()) +
+                                           " bytes");
   const int64_t byte_offset = offset_ * static_cast<int64_t>(dtype_size(dtype_));
   if (byte_offset % static_cast<int64_t>(dtype_size(dtype)) != 0)
-    fail(ErrorCode::DType, "Tensor::reinterpret", "the start is not aligned for " + std::string(dtype_name(dtype)));
+    fail(ErrorCode::DType, "Tensor::reinterpret",
+         "the start is not aligned for " + std::string(dtype_name(dtype)));
   return Tensor(storage_, dtype, shape, contiguous_strides(shape),
                 byte_offset / static_cast<int64_t>(dtype_size(dtype)));
 }
 
 void Tensor::copy_from(const Tensor& src) {
   if (src.shape_ != shape_)
-    shape_error("Tensor::copy_from", "source " + shape_to_string(src.shape_) + " does not match " + shape_to_string(shape_));
+    shape_error("Tensor::copy_from", "source " + shape_to_string(src.shape_) + " does not match " +
+                                         shape_to_string(shape_));
   if (numel() == 0) return;
   const size_t es = dtype_size(dtype_);
   auto* dst = static_cast<uint8_t*>(raw_data());
@@ -496,10 +511,18 @@ void Tensor::copy_from(const Tensor& src) {
       std::memcpy(dst, s, nbytes());
       return;
     }
-    if (src.dtype_ == DType::F16 && dtype_ == DType::F32) return convert_f16_to_f32(n, reinterpret_cast<const uint16_t*>(s), reinterpret_cast<float*>(dst));
-    if (src.dtype_ == DType::BF16 && dtype_ == DType::F32) return convert_bf16_to_f32(n, reinterpret_cast<const uint16_t*>(s), reinterpret_cast<float*>(dst));
-    if (src.dtype_ == DType::F32 && dtype_ == DType::F16) return convert_f32_to_f16(n, reinterpret_cast<const float*>(s), reinterpret_cast<uint16_t*>(dst));
-    if (src.dtype_ == DType::F32 && dtype_ == DType::BF16) return convert_f32_to_bf16(n, reinterpret_cast<const float*>(s), reinterpret_cast<uint16_t*>(dst));
+    if (src.dtype_ == DType::F16 && dtype_ == DType::F32)
+      return convert_f16_to_f32(n, reinterpret_cast<const uint16_t*>(s),
+                                reinterpret_cast<float*>(dst));
+    if (src.dtype_ == DType::BF16 && dtype_ == DType::F32)
+      return convert_bf16_to_f32(n, reinterpret_cast<const uint16_t*>(s),
+                                 reinterpret_cast<float*>(dst));
+    if (src.dtype_ == DType::F32 && dtype_ == DType::F16)
+      return convert_f32_to_f16(n, reinterpret_cast<const float*>(s),
+                                reinterpret_cast<uint16_t*>(dst));
+    if (src.dtype_ == DType::F32 && dtype_ == DType::BF16)
+      return convert_f32_to_bf16(n, reinterpret_cast<const float*>(s),
+                                 reinterpret_cast<uint16_t*>(dst));
     if (src.dtype_ == DType::F64 && dtype_ == DType::F32) {
       const auto* in = reinterpret_cast<const double*>(s);
       auto* out = reinterpret_cast<float*>(dst);
@@ -549,12 +572,14 @@ Tensor Tensor::to(DType dtype) const {
 
 double Tensor::item(const std::vector<int64_t>& index) const {
   const auto* p = static_cast<const uint8_t*>(raw_data());
-  return load_as_double(p + element_offset(index) * static_cast<int64_t>(dtype_size(dtype_)), dtype_);
+  return load_as_double(p + element_offset(index) * static_cast<int64_t>(dtype_size(dtype_)),
+                        dtype_);
 }
 
 void Tensor::set_item(const std::vector<int64_t>& index, double value) {
   auto* p = static_cast<uint8_t*>(raw_data());
-  store_from_double(p + element_offset(index) * static_cast<int64_t>(dtype_size(dtype_)), dtype_, value);
+  store_from_double(p + element_offset(index) * static_cast<int64_t>(dtype_size(dtype_)), dtype_,
+                    value);
 }
 
 std::vector<double> Tensor::to_double_vector() const {
@@ -562,7 +587,8 @@ std::vector<double> Tensor::to_double_vector() const {
   if (out.empty()) return out;
   const auto* p = static_cast<const uint8_t*>(raw_data());
   const int64_t es = static_cast<int64_t>(dtype_size(dtype_));
-  for_each_offset(shape_, strides_, [&](int64_t off, int64_t i) { out[i] = load_as_double(p + off * es, dtype_); });
+  for_each_offset(shape_, strides_,
+                  [&](int64_t off, int64_t i) { out[i] = load_as_double(p + off * es, dtype_); });
   return out;
 }
 

@@ -174,7 +174,8 @@ template <class T>
 T* Tensor::data() const {
   if constexpr (std::is_same_v<T, uint16_t>) {
     if (dtype_ != DType::F16 && dtype_ != DType::BF16)
-      fail(ErrorCode::DType, "Tensor::data", std::string("uint16 access to a ") + dtype_name(dtype_) + " tensor");
+      fail(ErrorCode::DType, "Tensor::data",
+           std::string("uint16 access to a ") + dtype_name(dtype_) + " tensor");
   } else {
     if (dtype_ != DTypeOf<std::remove_const_t<T>>::value)
       fail(ErrorCode::DType, "Tensor::data",

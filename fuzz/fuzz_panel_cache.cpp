@@ -81,8 +81,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   std::vector<PanelCacheEntry> entries;
   for (const auto& [key, e] : file->entries())
-    entries.push_back({key, e.rows, e.cols, file->panels(key, e.rows, e.cols, e.floats).data<float>(),
-                       e.floats});
+    entries.push_back(
+        {key, e.rows, e.cols, file->panels(key, e.rows, e.cols, e.floats).data<float>(), e.floats});
   try {
     write_panel_cache(again, kCheckpoint, kLayout, entries);
   } catch (const Error& e) {

@@ -103,7 +103,8 @@ std::optional<PanelCacheFile> PanelCacheFile::open(const std::string& path,
     return std::nullopt;
   };
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return miss(errno == ENOENT ? "absent" : std::string("cannot open: ") + std::strerror(errno));
+  if (fd < 0)
+    return miss(errno == ENOENT ? "absent" : std::string("cannot open: ") + std::strerror(errno));
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);

@@ -598,7 +598,8 @@ WeightsReport Model::load_weights(const std::map<std::string, Tensor>& state, bo
     // check() names keys as given: rename "weight" back to "n0.weight".
     auto full = [&](const std::string& reported) {
       for (const auto& [name, key] : key_of)
-        if (reported == name || reported.starts_with(name + " ")) return key + reported.substr(name.size());
+        if (reported == name || reported.starts_with(name + " "))
+          return key + reported.substr(name.size());
       return reported;
     };
     LoadResult r = ps->check(subs[i], "");
@@ -690,7 +691,8 @@ std::vector<ValueType> graph_input_types(const Network& net,
 // Floats of a plan buffer that hold a value of `type` (buffers are float32; an int64 value
 // takes two floats per element).
 int64_t buffer_floats(const ValueType& type) {
-  const int64_t bytes = shape_numel(concrete_shape(type.shape)) * static_cast<int64_t>(dtype_size(type.dtype));
+  const int64_t bytes =
+      shape_numel(concrete_shape(type.shape)) * static_cast<int64_t>(dtype_size(type.dtype));
   return (bytes + static_cast<int64_t>(sizeof(float)) - 1) / static_cast<int64_t>(sizeof(float));
 }
 
@@ -803,7 +805,8 @@ std::pair<std::string, std::string> DecodeState::ids_input(const Network& net) {
   const ValueType& t = net.values()[static_cast<size_t>(net.inputs()[0])].type;
   if (t.dtype != DType::I64 || t.shape.size() != 2 || !t.shape[1].is_symbol())
     fail(ErrorCode::Arg, where,
-         "input " + ins[0].name + " is " + dtype_name(t.dtype) + " " + sym_shape_to_string(t.shape) +
+         "input " + ins[0].name + " is " + dtype_name(t.dtype) + " " +
+             sym_shape_to_string(t.shape) +
              "; incremental runs need int64 ids [B, T] with T a symbol (the sequence)");
   return {ins[0].name, t.shape[1].text};
 }
@@ -853,7 +856,8 @@ DecodeState::DecodeState(const Model& model, int64_t batch, int64_t capacity)
                           " positions with the model");
   caches_.resize(nodes.size());
   for (size_t i = 0; i < nodes.size(); ++i)
-    if (roles_[i] == StepRole::cached) caches_[i] = Tensor::empty({std::max<int64_t>(floats[i], 1)});
+    if (roles_[i] == StepRole::cached)
+      caches_[i] = Tensor::empty({std::max<int64_t>(floats[i], 1)});
 }
 
 double DecodeState::cache_bytes() const {

@@ -26,7 +26,7 @@ namespace tessera {
 // A value of the network: a network input, one output port of a node, or a parameter of a node
 // that another node reads (a tied LM head reading "tok.weight").
 struct NetworkValue {
-  std::string name;   // as a source names it: "x", "n0" (its first port), "n0.weights", "tok.weight"
+  std::string name;  // as a source names it: "x", "n0" (its first port), "n0.weights", "tok.weight"
   ValueType type;     // as resolved: open dims stay symbolic unless something fixed them
   int producer = -1;  // node index; -1 for a network input
   int port = 0;       // the producer's output port, the network input's index, or -1 (a parameter)
@@ -308,7 +308,7 @@ class Plan {
   std::vector<Activation> node_activation_;  // per node
   std::vector<int> fused_into_;              // per node
   std::vector<int> summed_add_;              // per node: the add it runs first, or -1
-  std::vector<char> writes_sum_;             // per node with a summed add: its output has other readers
+  std::vector<char> writes_sum_;  // per node with a summed add: its output has other readers
   std::vector<std::vector<const Tensor*>> node_in_;
   std::vector<std::vector<Tensor*>> node_out_;
   std::vector<std::pair<std::string, Tensor>> outputs_;

@@ -100,8 +100,8 @@ void ParameterSet::pack_projections(const Device& device) {
   pack_projections(device, [](const Parameter&, int64_t) { return Tensor(); });
 }
 
-void ParameterSet::pack_projections(const Device& device,
-                                    FunctionRef<Tensor(const Parameter& p, int64_t floats)> cached) {
+void ParameterSet::pack_projections(
+    const Device& device, FunctionRef<Tensor(const Parameter& p, int64_t floats)> cached) {
   const LinearKernels* packer = weight_packer(device);
   if (packer == nullptr) return;
   const LinearKernels& lk = *packer;

@@ -76,7 +76,8 @@ class ParameterSet {
   // other dtype is E_WEIGHTS. With strict, missing or unexpected keys are E_WEIGHTS too.
   // What load() would report, without throwing or changing anything. Keys outside `prefix`
   // are not this set's business and are not reported as unexpected (unless prefix is empty).
-  LoadResult check(const std::map<std::string, Tensor>& state, const std::string& prefix = "") const;
+  LoadResult check(const std::map<std::string, Tensor>& state,
+                   const std::string& prefix = "") const;
   // A source tensor that is read_only() (a view of a checkpoint's mapping), of the parameter's
   // dtype and contiguous becomes the parameter itself, without a copy; any other is copied.
   LoadResult load(const std::map<std::string, Tensor>& state, bool strict, const std::string& where,

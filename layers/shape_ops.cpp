@@ -1390,22 +1390,23 @@ class PatchMergingPadOp : public Op {
       float* yp = y.data<float>();
       const size_t row = sizeof(float) * static_cast<size_t>(C);
       // One task per output row (b, i): 4 * Wo rows of C floats copied or zeroed.
-      parallel_for(0, outer * Ho, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, 4 * Wo * C)),
+      parallel_for(0, outer * Ho,
+                   std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, 4 * Wo * C)),
                    [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) {
-          const int64_t b = t / Ho, i = t % Ho;
-          for (int64_t j = 0; j < Wo; ++j) {
-            float* dst = yp + ((t * Wo) + j) * 4 * C;
-            for (int k = 0; k < 4; ++k) {
-              const int64_t h = 2 * i + (k & 1), w = 2 * j + (k >> 1);
-              if (h < H && w < W)
-                std::memcpy(dst + k * C, xp + ((b * H + h) * W + w) * C, row);
-              else
-                std::fill(dst + k * C, dst + (k + 1) * C, 0.0f);
-            }
-          }
-        }
-      });
+                     for (int64_t t = t0; t < t1; ++t) {
+                       const int64_t b = t / Ho, i = t % Ho;
+                       for (int64_t j = 0; j < Wo; ++j) {
+                         float* dst = yp + ((t * Wo) + j) * 4 * C;
+                         for (int k = 0; k < 4; ++k) {
+                           const int64_t h = 2 * i + (k & 1), w = 2 * j + (k >> 1);
+                           if (h < H && w < W)
+                             std::memcpy(dst + k * C, xp + ((b * H + h) * W + w) * C, row);
+                           else
+                             std::fill(dst + k * C, dst + (k + 1) * C, 0.0f);
+                         }
+                       }
+                     }
+                   });
     });
   }
 };

@@ -162,7 +162,8 @@ void gather_windows(const SwinOptions& o, const SwinGeometry& g, const float* x,
       const int64_t xx = (X + g.shift_w % g.pad_w) % g.pad_w;
       float* dst = tokens + r * C;
       if (y < g.H && xx < g.W)
-        std::memcpy(dst, x + ((b * g.H + y) * g.W + xx) * C, static_cast<size_t>(C) * sizeof(float));
+        std::memcpy(dst, x + ((b * g.H + y) * g.W + xx) * C,
+                    static_cast<size_t>(C) * sizeof(float));
       else
         std::memset(dst, 0, static_cast<size_t>(C) * sizeof(float));
     }
@@ -279,7 +280,8 @@ std::pair<int64_t, int64_t> int_or_list(Args& a, const char* name, const ojson* 
   auto one = [&](const ojson& e) -> int64_t {
     if (!e.is_number_integer()) a.type_error(name, kWant, *v);
     if (e.is_number_unsigned() && e.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-      fail(ErrorCode::Constraint, where, std::string(name) + "=" + shown_arg(*v) + " does not fit int64");
+      fail(ErrorCode::Constraint, where,
+           std::string(name) + "=" + shown_arg(*v) + " does not fit int64");
     return e.get<int64_t>();
   };
   if (v->is_array()) {
@@ -346,7 +348,8 @@ class SwinAttentionOp : public Op {
   InferResult infer(const InputTypes& in, SymbolBindings&) const override {
     const ValueType& x = *in[0];
     require_float("x", x, "shifted_window_attention", where());
-    if (x.shape.size() != 4) fail(ErrorCode::Shape, where(), named("x", x) + " is not [B, H, W, C]");
+    if (x.shape.size() != 4)
+      fail(ErrorCode::Shape, where(), named("x", x) + " is not [B, H, W, C]");
     const int64_t C = require_fixed(x.shape[3], "the channel dim C", x, "x", where());
     if (C != o_.dim)
       fail(ErrorCode::Shape, where(), named("x", x) + " has C=" + str(C) + ", dim=" + str(o_.dim));
@@ -359,12 +362,13 @@ class SwinAttentionOp : public Op {
     // (4 * B * pH * pW * 3C: the bytes of the qkv buffer.)
     const Dim& B = x.shape[0];
     int64_t ph = 0, pw = 0, cells = 0, floats = 0;
-    const bool huge = !open_map && ((B.is_fixed() && B.value > (int64_t{1} << 40)) ||
-                                    __builtin_add_overflow(H, o_.window_h, &ph) ||
-                                    __builtin_add_overflow(W, o_.window_w, &pw) ||
-                                    __builtin_mul_overflow(ph, pw, &cells) ||
-                                    __builtin_mul_overflow(cells, 3 * C, &floats) ||
-                                    (B.is_fixed() && __builtin_mul_overflow(floats, B.value * 4, &floats)));
+    const bool huge =
+        !open_map &&
+        ((B.is_fixed() && B.value > (int64_t{1} << 40)) ||
+         __builtin_add_overflow(H, o_.window_h, &ph) ||
+         __builtin_add_overflow(W, o_.window_w, &pw) || __builtin_mul_overflow(ph, pw, &cells) ||
+         __builtin_mul_overflow(cells, 3 * C, &floats) ||
+         (B.is_fixed() && __builtin_mul_overflow(floats, B.value * 4, &floats)));
     if (huge)
       fail(ErrorCode::Shape, where(), named("x", x) + " is too large to partition into windows");
     InferResult r;

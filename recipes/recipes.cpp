@@ -119,8 +119,9 @@ void require_positive(int64_t v, const char* name, const Config& c) {
 }
 // nn.Dropout's ValueError.
 void require_probability(double p, const char* name, const Config& c) {
-  require(p >= 0.0 && p <= 1.0, c,
-          std::string(name) + "=" + py_float(p) + ": dropout probability has to be between 0 and 1");
+  require(
+      p >= 0.0 && p <= 1.0, c,
+      std::string(name) + "=" + py_float(p) + ": dropout probability has to be between 0 and 1");
 }
 
 // The network file under construction.
@@ -225,7 +226,8 @@ ojson vit_network(Config& c, const std::string& arch) {
   const int64_t D = s.hidden_dim;
   Net net;
   net.input("x", ojson::array({"B", 3, image_size, image_size}));
-  const std::string cls = net.node("class_token", "parameter", {{"shape", {1, 1, D}}}, ojson::object());
+  const std::string cls =
+      net.node("class_token", "parameter", {{"shape", {1, 1, D}}}, ojson::object());
   const std::string pos = net.node("encoder.pos_embedding", "parameter",
                                    {{"shape", {1, seq, D}}, {"std", 0.02}}, ojson::object());
   // _process_input: conv_proj, reshape(n, D, n_h * n_w), permute(0, 2, 1).
@@ -237,7 +239,8 @@ ojson vit_network(Config& c, const std::string& arch) {
   net.node("tokens", "permute", {{"dims", {0, 2, 1}}}, {{"x", "patches"}});
   net.node("class_tokens", "expand", {{"sizes", {"B", -1, -1}}}, {{"x", cls}});
   net.node("sequence", "concat", {{"dim", 1}}, {{"x0", "class_tokens"}, {"x1", "tokens"}});
-  std::string x = net.node("encoder.input", "add", ojson::object(), {{"a", "sequence"}, {"b", pos}});
+  std::string x =
+      net.node("encoder.input", "add", ojson::object(), {{"a", "sequence"}, {"b", pos}});
   for (int64_t i = 0; i < s.num_layers; ++i) {
     const std::string L = "encoder.layers.encoder_layer_" + str(i);
     net.node(dotted(L, "ln_1"), "layer_norm", {{"eps", 1e-6}}, {{"x", x}});
@@ -248,7 +251,8 @@ ojson vit_network(Config& c, const std::string& arch) {
     net.node(dotted(L, "residual_1"), "add", ojson::object(),
              {{"a", dotted(L, "self_attention")}, {"b", x}});
     net.node(dotted(L, "ln_2"), "layer_norm", {{"eps", 1e-6}}, {{"x", dotted(L, "residual_1")}});
-    net.node(dotted(L, "mlp.0"), "linear", {{"out_features", s.mlp_dim}}, {{"x", dotted(L, "ln_2")}});
+    net.node(dotted(L, "mlp.0"), "linear", {{"out_features", s.mlp_dim}},
+             {{"x", dotted(L, "ln_2")}});
     net.node(dotted(L, "mlp.1"), "gelu", ojson::object(), {{"x", dotted(L, "mlp.0")}});
     net.node(dotted(L, "mlp.3"), "linear", {{"out_features", D}}, {{"x", dotted(L, "mlp.1")}});
     x = net.node(dotted(L, "residual_2"), "add", ojson::object(),
@@ -296,7 +300,8 @@ std::vector<int64_t> int_list(Config& c, const char* name, std::optional<std::ve
                                         type_of(*v) + " " + v->dump());
   for (const auto& e : *v) {
     if (!e.is_number_integer())
-      fail(ErrorCode::Arg, c.where(), std::string(name) + " must be a list of integers, got " + v->dump());
+      fail(ErrorCode::Arg, c.where(),
+           std::string(name) + " must be a list of integers, got " + v->dump());
     out.push_back(e.get<int64_t>());
   }
   return out;
@@ -385,9 +390,11 @@ ojson swin_network(Config& c, const std::string& arch) {
                {{"dim", dim}, {"window_size", window}, {"shift_size", shift}, {"num_heads", heads},
                 {"attention_dropout", attention_dropout}, {"dropout", dropout}},
                {{"x", dotted(L, "norm1")}});
-      net.node(dotted(L, "residual1"), "add", ojson::object(), {{"a", x}, {"b", dotted(L, "attn")}});
+      net.node(dotted(L, "residual1"), "add", ojson::object(),
+               {{"a", x}, {"b", dotted(L, "attn")}});
       net.node(dotted(L, "norm2"), "layer_norm", {{"eps", 1e-5}}, {{"x", dotted(L, "residual1")}});
-      net.node(dotted(L, "mlp.0"), "linear", {{"out_features", hidden}}, {{"x", dotted(L, "norm2")}});
+      net.node(dotted(L, "mlp.0"), "linear", {{"out_features", hidden}},
+               {{"x", dotted(L, "norm2")}});
       net.node(dotted(L, "mlp.1"), "gelu", ojson::object(), {{"x", dotted(L, "mlp.0")}});
       net.node(dotted(L, "mlp.3"), "linear", {{"out_features", dim}}, {{"x", dotted(L, "mlp.1")}});
       x = net.node(dotted(L, "residual2"), "add", ojson::object(),
@@ -417,7 +424,8 @@ ojson swin_network(Config& c, const std::string& arch) {
 std::string feed_forward(Net& net, const std::string& L, const std::string& x, int64_t ff,
                          int64_t d_model, const std::string& activation) {
   net.node(dotted(L, "linear1"), "linear", {{"out_features", ff}}, {{"x", x}});
-  net.node(dotted(L, "activation"), activation.c_str(), ojson::object(), {{"x", dotted(L, "linear1")}});
+  net.node(dotted(L, "activation"), activation.c_str(), ojson::object(),
+           {{"x", dotted(L, "linear1")}});
   return net.node(dotted(L, "linear2"), "linear", {{"out_features", d_model}},
                   {{"x", dotted(L, "activation")}});
 }
@@ -489,7 +497,8 @@ ojson transformer_network(Config& c) {
                        {dotted(L, "norm1"),
                         [&](const std::string& in) {
                           return net.node(dotted(L, "self_attn"), "multihead_attention",
-                                          mha_args(d_model, nhead, dropout, false), {{"query", in}});
+                                          mha_args(d_model, nhead, dropout, false),
+                                          {{"query", in}});
                         },
                         dotted(L, "residual1")},
                        norm_first, eps);
@@ -561,7 +570,8 @@ ojson gpt_network(Config& c) {
 
   Net net;
   net.input("ids", ojson::array({"B", "T"}), "int64");
-  net.node("tok", "embedding", {{"num_embeddings", vocab}, {"embedding_dim", d_model}}, {{"x", "ids"}});
+  net.node("tok", "embedding", {{"num_embeddings", vocab}, {"embedding_dim", d_model}},
+           {{"x", "ids"}});
   net.node("positions", "arange", {{"dim", 1}}, {{"like", "ids"}});
   net.node("pos", "embedding", {{"num_embeddings", context}, {"embedding_dim", d_model}},
            {{"x", "positions"}});
@@ -628,7 +638,8 @@ const std::vector<std::string>& recipe_names() {
 ojson make_recipe(const std::string& arch, const std::vector<RecipeSetting>& settings) {
   const auto& names = recipe_names();
   if (std::find(names.begin(), names.end(), arch) == names.end())
-    fail(ErrorCode::Arg, "recipe", "unknown architecture '" + arch + "' (architectures: " + join(names) + ")");
+    fail(ErrorCode::Arg, "recipe",
+         "unknown architecture '" + arch + "' (architectures: " + join(names) + ")");
   Config c(arch, settings);
   if (arch == "transformer") return transformer_network(c);
   if (arch == "gpt") return gpt_network(c);

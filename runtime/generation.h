@@ -34,7 +34,8 @@ class GenerationSession {
   // [B, T, vocab] output, or a node that does not act per position apart from causal
   // attention: named), E_SHAPE when capacity exceeds the context or the caches exceed the
   // memory budget, E_ARG for bad sampling options.
-  GenerationSession(const Model& model, int64_t batch, int64_t capacity, const SamplingOptions& sampling);
+  GenerationSession(const Model& model, int64_t batch, int64_t capacity,
+                    const SamplingOptions& sampling);
   GenerationSession(const GenerationSession&) = delete;
   GenerationSession& operator=(const GenerationSession&) = delete;
 

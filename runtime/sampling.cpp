@@ -82,7 +82,8 @@ int64_t TokenSampler::next(int64_t row, const float* logits) {
 
   // Unnormalised probabilities exp((z - z_max) / T); with +inf logits present, those share it all.
   double z_max = -std::numeric_limits<double>::infinity();
-  for (int64_t j = 0; j < kept; ++j) z_max = std::max(z_max, static_cast<double>(logits[order_[j]]));
+  for (int64_t j = 0; j < kept; ++j)
+    z_max = std::max(z_max, static_cast<double>(logits[order_[j]]));
   double total = 0.0;
   for (int64_t j = 0; j < kept; ++j) {
     const double z = logits[order_[j]];

@@ -751,7 +751,8 @@ std::vector<double> shifted_window_attention(const SwinOptionsRef& o,
           double m = table[static_cast<size_t>(index[static_cast<size_t>(l * N + s2)] * heads + h)];
           if (masked) {
             const double ll = label[static_cast<size_t>((a * Wh + l / Ww) * pW + e * Ww + l % Ww)];
-            const double ls = label[static_cast<size_t>((a * Wh + s2 / Ww) * pW + e * Ww + s2 % Ww)];
+            const double ls =
+                label[static_cast<size_t>((a * Wh + s2 / Ww) * pW + e * Ww + s2 % Ww)];
             if (ls - ll != 0.0) m += -100.0;
           }
           bias[static_cast<size_t>(l * N + s2)] = m;

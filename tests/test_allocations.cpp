@@ -257,7 +257,8 @@ Tensor ids(const Shape& shape, int64_t vocab, uint64_t seed) {
   Generator g(seed);
   Tensor t = Tensor::empty(shape, DType::I64);
   auto* p = t.data<int64_t>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<int64_t>(g.next_u64() % static_cast<uint64_t>(vocab));
+  for (int64_t i = 0; i < t.numel(); ++i)
+    p[i] = static_cast<int64_t>(g.next_u64() % static_cast<uint64_t>(vocab));
   return t;
 }
 
@@ -275,26 +276,31 @@ Tensor mask(const Shape& shape, uint64_t seed) {
 // the work splits over threads and linear takes its packed kernel.
 std::vector<PlanCase> plan_cases() {
   return {
-      {"linear", R"({"inputs": {"x": [96, 64]}, "nodes": [{"name": "n", "op": "linear",
+      {"linear",
+       R"({"inputs": {"x": [96, 64]}, "nodes": [{"name": "n", "op": "linear",
          "args": {"out_features": 128}, "inputs": {"x": "x"}}], "outputs": {"y": "n"}})",
        {{"x", randn({96, 64}, 1)}}},
-      {"layer_norm+gelu+relu+add", R"({"inputs": {"x": [4, 33, 40]}, "nodes": [
+      {"layer_norm+gelu+relu+add",
+       R"({"inputs": {"x": [4, 33, 40]}, "nodes": [
          {"name": "a", "op": "layer_norm", "inputs": {"x": "x"}},
          {"name": "b", "op": "gelu", "args": {"approximate": "tanh"}, "inputs": {"x": "a"}},
          {"name": "c", "op": "relu", "inputs": {"x": "b"}},
          {"name": "d", "op": "add", "inputs": {"a": "c", "b": "x"}}], "outputs": {"y": "d"}})",
        {{"x", randn({4, 33, 40}, 2)}}},
-      {"broadcast add", R"({"inputs": {"a": [4, 1, 40], "b": [7, 1]}, "nodes": [
+      {"broadcast add",
+       R"({"inputs": {"a": [4, 1, 40], "b": [7, 1]}, "nodes": [
          {"name": "s", "op": "add", "inputs": {"a": "a", "b": "b"}}], "outputs": {"y": "s"}})",
        {{"a", randn({4, 1, 40}, 3)}, {"b", randn({7, 1}, 4)}}},
-      {"chunk+concat", R"({"inputs": {"x": [2, 6, 40]}, "nodes": [
+      {"chunk+concat",
+       R"({"inputs": {"x": [2, 6, 40]}, "nodes": [
          {"name": "c", "op": "chunk", "args": {"chunks": 3, "dim": 1}, "inputs": {"x": "x"}},
          {"name": "j", "op": "concat", "args": {"dim": -1},
           "inputs": {"x0": "c.out2", "x1": "c", "x2": "c.out1"}}], "outputs": {"y": "j"}})",
        {{"x", randn({2, 6, 40}, 5)}}},
       // Swin's window shuffle and ViT's token handling, every layout op; 38,400 floats after
       // the pad, so the copies split over both threads.
-      {"layout ops", R"({"inputs": {"x": [4, 64, 96]}, "nodes": [
+      {"layout ops",
+       R"({"inputs": {"x": [4, 64, 96]}, "nodes": [
          {"name": "r", "op": "reshape", "args": {"shape": [4, 8, -1, 96]}, "inputs": {"x": "x"}},
          {"name": "p", "op": "pad", "args": {"pad": [0, 0, 1, 1, 1, 1]}, "inputs": {"x": "r"}},
          {"name": "ro", "op": "roll", "args": {"shifts": [-3, -3], "dims": [1, 2]},
@@ -310,19 +316,23 @@ std::vector<PlanCase> plan_cases() {
          {"name": "sq", "op": "squeeze", "args": {"dim": 1}, "inputs": {"x": "u"}},
          {"name": "a", "op": "add", "inputs": {"a": "se", "b": "sq"}}], "outputs": {"y": "a"}})",
        {{"x", randn({4, 64, 96}, 15)}}},
-      {"attention rope causal", R"({"inputs": {"x": [2, 300, 32]}, "nodes": [{"name": "n",
+      {"attention rope causal",
+       R"({"inputs": {"x": [2, 300, 32]}, "nodes": [{"name": "n",
          "op": "attention", "args": {"heads": 4, "rope": true, "causal": true},
          "inputs": {"x": "x"}}], "outputs": {"y": "n"}})",
        {{"x", randn({2, 300, 32}, 6)}}},
-      {"attention relative position bias", R"({"inputs": {"x": [2, 49, 32]}, "nodes": [{"name": "n",
+      {"attention relative position bias",
+       R"({"inputs": {"x": [2, 49, 32]}, "nodes": [{"name": "n",
          "op": "attention", "args": {"heads": 4, "relative_position_bias": true,
          "spatial_shape": 7}, "inputs": {"x": "x"}}], "outputs": {"y": "n"}})",
        {{"x", randn({2, 49, 32}, 7)}}},
-      {"mha self, averaged weights", R"({"inputs": {"q": [40, 2, 32]}, "nodes": [{"name": "m",
+      {"mha self, averaged weights",
+       R"({"inputs": {"q": [40, 2, 32]}, "nodes": [{"name": "m",
          "op": "multihead_attention", "args": {"embed_dim": 32, "num_heads": 4},
          "inputs": {"query": "q"}}], "outputs": {"y": "m", "w": "m.weights"}})",
        {{"q", randn({40, 2, 32}, 8)}}},
-      {"mha masks, per-head weights, bias_kv, zero_attn", R"({"inputs": {"q": [2, 40, 32],
+      {"mha masks, per-head weights, bias_kv, zero_attn",
+       R"({"inputs": {"q": [2, 40, 32],
          "k": [2, 50, 24], "v": [2, 50, 16], "kpm": {"shape": [2, 50], "dtype": "bool"},
          "am": [40, 50]},
          "nodes": [{"name": "m", "op": "multihead_attention", "args": {"embed_dim": 32,
@@ -335,7 +345,8 @@ std::vector<PlanCase> plan_cases() {
         {"v", randn({2, 50, 16}, 11)},
         {"kpm", mask({2, 50}, 12)},
         {"am", randn({40, 50}, 13)}}},
-      {"embeddings, positions, a learned tensor, a tied head", R"({"inputs": {"ids":
+      {"embeddings, positions, a learned tensor, a tied head",
+       R"({"inputs": {"ids":
          {"shape": [2, 40], "dtype": "int64"}}, "nodes": [
          {"name": "tok", "op": "embedding", "args": {"num_embeddings": 50, "embedding_dim": 64},
           "inputs": {"x": "ids"}},
@@ -348,15 +359,18 @@ std::vector<PlanCase> plan_cases() {
          {"name": "head", "op": "linear", "args": {"out_features": 50, "bias": false},
           "inputs": {"x": "b", "weight": "tok.weight"}}], "outputs": {"y": "head"}})",
        {{"ids", ids({2, 40}, 50, 15)}}},
-      {"patch_merging_pad", R"({"inputs": {"x": [2, 7, 9, 16]}, "nodes": [
+      {"patch_merging_pad",
+       R"({"inputs": {"x": [2, 7, 9, 16]}, "nodes": [
          {"name": "m", "op": "patch_merging_pad", "inputs": {"x": "x"}}], "outputs": {"y": "m"}})",
        {{"x", randn({2, 7, 9, 16}, 18)}}},
-      {"mha causal, no weights (fused)", R"({"inputs": {"q": [1, 300, 64]}, "nodes": [{"name": "m",
+      {"mha causal, no weights (fused)",
+       R"({"inputs": {"q": [1, 300, 64]}, "nodes": [{"name": "m",
          "op": "multihead_attention", "args": {"embed_dim": 64, "num_heads": 4,
          "batch_first": true, "need_weights": false, "is_causal": true},
          "inputs": {"query": "q"}}], "outputs": {"y": "m"}})",
        {{"q", randn({1, 300, 64}, 14)}}},
-      {"conv2d (packed, OpenBLAS, pointwise)+adaptive_avg_pool2d+mean", R"({"inputs": {"x": [4, 3, 64, 64]}, "nodes": [
+      {"conv2d (packed, OpenBLAS, pointwise)+adaptive_avg_pool2d+mean",
+       R"({"inputs": {"x": [4, 3, 64, 64]}, "nodes": [
          {"name": "p", "op": "conv2d", "args": {"in_channels": 3, "out_channels": 96,
           "kernel_size": 4, "stride": 4}, "inputs": {"x": "x"}},
          {"name": "c", "op": "conv2d", "args": {"in_channels": 96, "out_channels": 16,
@@ -368,7 +382,8 @@ std::vector<PlanCase> plan_cases() {
          {"name": "m", "op": "mean", "args": {"dim": [-1, -2]}, "inputs": {"x": "a"}}],
          "outputs": {"y": "m"}})",
        {{"x", randn({4, 3, 64, 64}, 15)}}},
-      {"matmul+softmax+silu+tanh+sigmoid+mul+sub+div+dropout", R"({"inputs": {"x": [4, 33, 40],
+      {"matmul+softmax+silu+tanh+sigmoid+mul+sub+div+dropout",
+       R"({"inputs": {"x": [4, 33, 40],
          "w": [40, 24], "z": [24]}, "nodes": [
          {"name": "m", "op": "matmul", "inputs": {"a": "x", "b": "w"}},
          {"name": "s", "op": "softmax", "args": {"dim": -1}, "inputs": {"x": "m"}},
@@ -382,7 +397,8 @@ std::vector<PlanCase> plan_cases() {
          {"name": "d", "op": "dropout", "args": {"p": 0.1}, "inputs": {"x": "q"}}],
          "outputs": {"y": "d"}})",
        {{"x", randn({4, 33, 40}, 15)}, {"w", randn({40, 24}, 16)}, {"z", randn({24}, 17)}}},
-      {"matmul batched and blocked", R"({"inputs": {"a": [2, 1, 40, 40], "b": [3, 40, 40],
+      {"matmul batched and blocked",
+       R"({"inputs": {"a": [2, 1, 40, 40], "b": [3, 40, 40],
          "c": [300, 130], "d": [130, 600]}, "nodes": [
          {"name": "p", "op": "matmul", "inputs": {"a": "a", "b": "b"}},
          {"name": "q", "op": "matmul", "inputs": {"a": "c", "b": "d"}}],
@@ -391,7 +407,8 @@ std::vector<PlanCase> plan_cases() {
         {"b", randn({3, 40, 40}, 19)},
         {"c", randn({300, 130}, 20)},
         {"d", randn({130, 600}, 21)}}},
-      {"shifted_window_attention (shifted: tiled core; unshifted: fused)", R"({"inputs":
+      {"shifted_window_attention (shifted: tiled core; unshifted: fused)",
+       R"({"inputs":
          {"x": [2, 14, 13, 64]}, "nodes": [
          {"name": "s", "op": "shifted_window_attention", "args": {"dim": 64, "num_heads": 4,
           "window_size": 7, "shift_size": 3}, "inputs": {"x": "x"}},

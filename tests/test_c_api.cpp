@@ -900,7 +900,8 @@ BOOST_AUTO_TEST_CASE(generation_matches_pytorch_and_outlives_model_free) {
   }
   for (int64_t n = 0; n < N; ++n)
     for (int64_t b = 0; b < B; ++b)
-      BOOST_TEST(step_tokens[static_cast<size_t>(n * B + b)] == got[static_cast<size_t>(b * N + n)]);
+      BOOST_TEST(step_tokens[static_cast<size_t>(n * B + b)] ==
+                 got[static_cast<size_t>(b * N + n)]);
   // In pieces: the prompt's first 5 ids, then the rest of it and PyTorch's first 40 tokens
   // appended (51 positions: passes of 16 rows over the cache), then greedy steps: PyTorch's
   // continuation from there on.
@@ -909,7 +910,8 @@ BOOST_AUTO_TEST_CASE(generation_matches_pytorch_and_outlives_model_free) {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T + kGiven; ++t)
       (t < kFirst ? head : rest).push_back(want[static_cast<size_t>(b * (T + N) + t)]);
-  expect_ok([&](tessera_error** e) { return tessera_generator_prefill(g, head.data(), kFirst, e); });
+  expect_ok(
+      [&](tessera_error** e) { return tessera_generator_prefill(g, head.data(), kFirst, e); });
   expect_ok([&](tessera_error** e) {
     return tessera_generator_append(g, rest.data(), T + kGiven - kFirst, e);
   });

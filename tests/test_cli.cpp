@@ -502,7 +502,8 @@ BOOST_AUTO_TEST_CASE(bench_profiles_every_node) {
   BOOST_TEST(r.status == 0, r.err);
   const auto j = nlohmann::json::parse(r.out);
   BOOST_REQUIRE(j.contains("profile"));
-  std::ifstream net_file(kSource + "/examples/encoder/encoder.json");  // the network inside kEncoder
+  std::ifstream net_file(kSource +
+                         "/examples/encoder/encoder.json");  // the network inside kEncoder
   const nlohmann::json spec = nlohmann::json::parse(net_file);
   const auto& nodes = spec["nodes"];
   BOOST_REQUIRE(j["profile"].size() == nodes.size());
@@ -516,9 +517,9 @@ BOOST_AUTO_TEST_CASE(bench_profiles_every_node) {
       ++fused;
       BOOST_TEST(p["ms"].get<double>() == 0.0);
       BOOST_TEST(p["gflop"].get<double>() == 0.0);
-      const auto producer = std::find_if(j["profile"].begin(), j["profile"].end(), [&](const auto& e) {
-        return e["node"] == p["fused_into"];
-      });
+      const auto producer =
+          std::find_if(j["profile"].begin(), j["profile"].end(),
+                       [&](const auto& e) { return e["node"] == p["fused_into"]; });
       BOOST_TEST_REQUIRE((producer != j["profile"].end()));
       if (p["op"] == "add") {
         ++summed;
@@ -666,7 +667,8 @@ BOOST_AUTO_TEST_CASE(recipe_writes_networks_that_summary_counts_like_torch) {
   BOOST_TEST(digits.status == 0, digits.err);
   BOOST_TEST(digits.err.empty());
   std::ifstream committed(kSource + "/examples/digits/digits.json", std::ios::binary);
-  const std::string text((std::istreambuf_iterator<char>(committed)), std::istreambuf_iterator<char>());
+  const std::string text((std::istreambuf_iterator<char>(committed)),
+                         std::istreambuf_iterator<char>());
   BOOST_TEST(digits.out == text);
 
   // --output writes the same text (atomically: nothing else is left in the directory), and
@@ -696,7 +698,8 @@ BOOST_AUTO_TEST_CASE(recipe_writes_networks_that_summary_counts_like_torch) {
     BOOST_TEST(logits.back().shape() == (Shape{1, 5, 40}));
   }
   BOOST_TEST(max_abs_diff(logits[0], logits[1]) == 0.0);
-  const Result b = cli_run({"bench", net, "--shape", "ids=2,8", "--reps", "1", "--warmup", "0", "--json"});
+  const Result b =
+      cli_run({"bench", net, "--shape", "ids=2,8", "--reps", "1", "--warmup", "0", "--json"});
   BOOST_TEST(b.status == 0, b.err);
   expect_failure(cli_run({"bench", net, "--shape", "ids=1,9"}), "E_SHAPE",
                  "pos (embedding): positions 0..8 need 9 rows, num_embeddings=8");
@@ -710,7 +713,8 @@ BOOST_AUTO_TEST_CASE(recipe_writes_networks_that_summary_counts_like_torch) {
   BOOST_TEST(t.out.find(R"("op":"gelu")") != std::string::npos);
 
   expect_failure(cli_run({"recipe", "resnet50"}), "E_ARG", "unknown architecture 'resnet50'");
-  expect_failure(cli_run({"recipe", "gpt", "--set", "d_model"}), "E_ARG", "'d_model' is not NAME=VALUE");
+  expect_failure(cli_run({"recipe", "gpt", "--set", "d_model"}), "E_ARG",
+                 "'d_model' is not NAME=VALUE");
   expect_failure(cli_run({"recipe", "gpt", "--set", "d_model=8", "--set", "d_model=16"}), "E_ARG",
                  "--set d_model is given twice");
   expect_failure(cli_run({"recipe", "vit_b_16", "--set", "image_size=225"}), "E_CONSTRAINT",
@@ -722,7 +726,8 @@ BOOST_AUTO_TEST_CASE(recipe_writes_networks_that_summary_counts_like_torch) {
   expect_failure(cli_run({"recipe", "gpt", "--set", "nhead=5", "--output", kept}), "E_CONSTRAINT",
                  "embed_dim must be divisible by num_heads");
   std::ifstream k(kept);
-  BOOST_TEST(std::string((std::istreambuf_iterator<char>(k)), std::istreambuf_iterator<char>()) == "{}");
+  BOOST_TEST(std::string((std::istreambuf_iterator<char>(k)), std::istreambuf_iterator<char>()) ==
+             "{}");
 }
 
 // ---------------------------------------------------------------- generate

@@ -112,13 +112,15 @@ BOOST_AUTO_TEST_CASE(generator_matches_pytorch_and_outlives_its_model) {
   for (int64_t n = 0; n < 5; ++n) {
     const std::vector<int64_t> next = gen->sample();
     for (int64_t b = 0; b < B; ++b)
-      BOOST_TEST(next[static_cast<size_t>(b)] == rows[static_cast<size_t>(b)][static_cast<size_t>(n)]);
+      BOOST_TEST(next[static_cast<size_t>(b)] ==
+                 rows[static_cast<size_t>(b)][static_cast<size_t>(n)]);
     gen->step(next);
   }
   // The first 10 tokens appended to the prompt in one call: the 11th is PyTorch's.
   std::vector<int64_t> given;
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t n = 0; n < 10; ++n) given.push_back(rows[static_cast<size_t>(b)][static_cast<size_t>(n)]);
+    for (int64_t n = 0; n < 10; ++n)
+      given.push_back(rows[static_cast<size_t>(b)][static_cast<size_t>(n)]);
   gen->prefill(ids);
   gen->append(given);
   BOOST_TEST(gen->position() == T + 10);

@@ -734,7 +734,8 @@ std::vector<double> DecodeReference(const std::vector<float>& q, const std::vect
   for (int64_t s = 0; s < p.S; ++s) {
     double acc = 0.0;
     for (int64_t i = 0; i < p.d; ++i)
-      acc += static_cast<double>(q[static_cast<size_t>(i)]) * p.scale * k[static_cast<size_t>(s * p.d + i)];
+      acc += static_cast<double>(q[static_cast<size_t>(i)]) * p.scale *
+             k[static_cast<size_t>(s * p.d + i)];
     if (!mask.empty()) acc += mask[static_cast<size_t>(s)];
     sc[static_cast<size_t>(s)] = acc;
     nan |= std::isnan(acc);
@@ -747,7 +748,8 @@ std::vector<double> DecodeReference(const std::vector<float>& q, const std::vect
   for (int64_t s = 0; s < p.S; ++s) {
     const double e = std::exp(sc[static_cast<size_t>(s)] - top);
     z += e;
-    for (int64_t j = 0; j < p.dv; ++j) out[static_cast<size_t>(j)] += e * v[static_cast<size_t>(s * p.dv + j)];
+    for (int64_t j = 0; j < p.dv; ++j)
+      out[static_cast<size_t>(j)] += e * v[static_cast<size_t>(s * p.dv + j)];
   }
   for (double& x : out) x /= z;
   return out;

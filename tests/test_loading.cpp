@@ -285,7 +285,8 @@ int64_t mapped_whole_pages(const void* p, size_t bytes) {
 
 void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc)
-      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
 }
 
 // The cache file's JSON header, and the file with its header replaced by `json` (same data
@@ -356,8 +357,8 @@ BOOST_AUTO_TEST_CASE(panel_cache_is_written_then_mapped_with_the_same_bits) {
 BOOST_AUTO_TEST_CASE(panel_cache_is_rebuilt_when_stale_or_broken) {
   const CacheDir dir;
   const Tensor x = SafetensorsFile::open(kEncoder + "input.safetensors").tensor("x");
-  const Tensor want = run_once(load_model(dir.checkpoint, std::nullopt, true, 0, std::string()).model,
-                               x).at("y");
+  const Tensor want =
+      run_once(load_model(dir.checkpoint, std::nullopt, true, 0, std::string()).model, x).at("y");
   const std::string path = dir.load().panel_cache;
   const std::vector<uint8_t> good = read_file_bytes(path);
   const std::string header = header_of(good);
@@ -407,8 +408,8 @@ BOOST_AUTO_TEST_CASE(panel_cache_is_rebuilt_when_stale_or_broken) {
 BOOST_AUTO_TEST_CASE(panel_cache_failures_are_warnings_and_seeded_weights_stay_out) {
   const CacheDir dir;
   const Tensor x = SafetensorsFile::open(kEncoder + "input.safetensors").tensor("x");
-  const Tensor want = run_once(load_model(dir.checkpoint, std::nullopt, true, 0, std::string()).model,
-                               x).at("y");
+  const Tensor want =
+      run_once(load_model(dir.checkpoint, std::nullopt, true, 0, std::string()).model, x).at("y");
   // The cache "directory" is a file: nothing can be written, the model is fine.
   std::ofstream(dir.cache) << "not a directory";
   const LoadedModel blocked = dir.load();

@@ -4,9 +4,9 @@
 //
 // Fixtures: tests/fixtures/gen_model_fixtures.py builds small configurations of the very
 // PyTorch classes (torchvision 0.14's VisionTransformer and SwinTransformer, torch.nn.Transformer,
-// the reference GPT) with every parameter drawn at random, and stores their state_dict as is with inputs and
-// eval-mode outputs. Each is run here through `make_recipe` -> Model -> Plan, the state_dict
-// loaded strictly (every key used, none missing).
+// the reference GPT) with every parameter drawn at random, and stores their state_dict as is with
+// inputs and eval-mode outputs. Each is run here through `make_recipe` -> Model -> Plan, the
+// state_dict loaded strictly (every key used, none missing).
 //
 // Tolerance: the contract's, max |y - ref| <= 1e-4 * max(1, max |ref|) in float32. The float32
 // chains here (2-4 layers of projections, softmax, LayerNorm) stay within ~1e-6 of torch's
@@ -84,7 +84,8 @@ double scaled_error(const Tensor& got, const Tensor& want) {
   return worst / std::max(1.0, ref);
 }
 
-std::map<std::string, Tensor> run_once(const Model& model, const std::map<std::string, Tensor>& in) {
+std::map<std::string, Tensor> run_once(const Model& model,
+                                       const std::map<std::string, Tensor>& in) {
   std::map<std::string, TensorDesc> desc;
   for (const auto& [k, t] : in) desc[k] = {t.shape(), t.dtype()};
   Plan plan(model, desc);
@@ -180,8 +181,10 @@ BOOST_AUTO_TEST_CASE(gpt_refuses_ids_outside_the_vocabulary_and_long_sequences) 
   const auto b = run_once(model, {{"ids", ids64.to(DType::I32)}});
   BOOST_TEST(scaled_error(a.at("logits"), b.at("logits")) == 0.0);
   // Float ids are not ids.
-  expect_error(ErrorCode::DType, "input ids: dtype F32 is not accepted (an int64 input takes I64 or I32)",
-               [&] { Plan(model, {{"ids", {{1, 3}, DType::F32}}}); });
+  expect_error(ErrorCode::DType,
+               "input ids: dtype F32 is not accepted (an int64 input takes I64 or I32)", [&] {
+                 Plan(model, {{"ids", {{1, 3}, DType::F32}}});
+               });
 }
 
 BOOST_AUTO_TEST_CASE(dotted_names_resolve_to_the_longest_node) {
@@ -245,8 +248,8 @@ BOOST_AUTO_TEST_CASE(sources_that_name_nothing) {
                [&] { Network::resolve(spec_of(net("enc.l1.out"))); });
   // The parameter itself is a value: relu(weight) of shape [4, 4].
   const Network n = Network::resolve(spec_of(net("enc.l0.weight")));
-  BOOST_TEST(sym_shape_to_string(n.values()[static_cast<size_t>(n.outputs()[0].second)].type.shape) ==
-             "[4, 4]");
+  BOOST_TEST(sym_shape_to_string(
+                 n.values()[static_cast<size_t>(n.outputs()[0].second)].type.shape) == "[4, 4]");
 }
 
 BOOST_AUTO_TEST_CASE(learned_tensors_are_named_as_their_node) {
@@ -265,10 +268,12 @@ BOOST_AUTO_TEST_CASE(learned_tensors_are_named_as_their_node) {
   const Tensor x = Tensor::zeros({2, 3, 4});
   const auto out = run_once(model, {{"x", x}});
   BOOST_TEST(scaled_error(out.at("y"), Tensor::full({2, 3, 4}, 0.25)) == 0.0);
-  expect_error(ErrorCode::Weights, "encoder.pos_embedding (expected [1, 3, 4], got [3, 4])",
-               [&] { model.load_weights({{"encoder.pos_embedding", Tensor::zeros({3, 4})}}, true, "ckpt"); });
+  expect_error(ErrorCode::Weights, "encoder.pos_embedding (expected [1, 3, 4], got [3, 4])", [&] {
+    model.load_weights({{"encoder.pos_embedding", Tensor::zeros({3, 4})}}, true, "ckpt");
+  });
   expect_error(ErrorCode::Arg, "missing argument shape", [] {
-    Network::resolve(spec_of(R"({"inputs": {}, "nodes": [{"name": "p", "op": "parameter"}], "outputs": {"y": "p"}})"));
+    Network::resolve(spec_of(
+        R"({"inputs": {}, "nodes": [{"name": "p", "op": "parameter"}], "outputs": {"y": "p"}})"));
   });
 }
 

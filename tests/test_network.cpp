@@ -321,7 +321,8 @@ BOOST_AUTO_TEST_CASE(unknown_ops_args_ports_sources) {
   expect_resolve_error(
       ErrorCode::Arg,
       "output w: node m (multihead_attention) has no output port or parameter 'weights' (ports: "
-      "out; parameters: in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias)", R"({
+      "out; parameters: in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias)",
+      R"({
     "inputs": {"q": [3, 2, 8]},
     "nodes": [{"name": "m", "op": "multihead_attention",
                "args": {"embed_dim": 8, "num_heads": 2, "need_weights": false}, "inputs": {"query": "q"}}],
@@ -742,8 +743,9 @@ BOOST_AUTO_TEST_CASE(plan_fuses_adds_into_the_layer_norm_after_them_with_the_sam
     const auto norm = [split](const std::string& n, const std::string& in) {
       if (!split)
         return R"({"name": ")" + n + R"(", "op": "layer_norm", "inputs": {"x": ")" + in + R"("}},)";
-      return R"({"name": ")" + n + R"(_d", "op": "dropout", "args": {"p": 0.0}, "inputs": {"x": ")" +
-             in + R"("}}, {"name": ")" + n + R"(", "op": "layer_norm", "inputs": {"x": ")" + n +
+      return R"({"name": ")" + n +
+             R"(_d", "op": "dropout", "args": {"p": 0.0}, "inputs": {"x": ")" + in +
+             R"("}}, {"name": ")" + n + R"(", "op": "layer_norm", "inputs": {"x": ")" + n +
              R"(_d"}},)";
     };
     return R"({
@@ -788,7 +790,8 @@ BOOST_AUTO_TEST_CASE(plan_fuses_adds_into_the_layer_norm_after_them_with_the_sam
       for (int v : reference.summed_adds()) BOOST_TEST(v == -1);
       const auto& vb = plan.value_buffers();
       for (const char* read : {"s1", "l2"})
-        BOOST_TEST(vb[static_cast<size_t>(value_of("n2"))] != vb[static_cast<size_t>(value_of(read))]);
+        BOOST_TEST(vb[static_cast<size_t>(value_of("n2"))] !=
+                   vb[static_cast<size_t>(value_of(read))]);
       for (int run = 0; run < 2; ++run) {
         const std::vector<double> got =
             plan.run({{"x", x}, {"bias", bias}})[0].second.to_double_vector();
@@ -820,7 +823,8 @@ BOOST_AUTO_TEST_CASE(linear_forward_applies_activations_as_the_elementwise_kerne
         const Tensor x = random_tensor({rows, K}, 63 + static_cast<uint64_t>(rows));
         Tensor y = Tensor::empty({rows, N}), ref = Tensor::empty({rows, N});
         Tensor ws = Tensor::empty({linear_workspace_floats(dev, rows, K, N) + 1});
-        const ProjectionWeight weight(w.data<float>(), with_panels ? panels.data<float>() : nullptr);
+        const ProjectionWeight weight(w.data<float>(),
+                                      with_panels ? panels.data<float>() : nullptr);
         linear_forward_f32(dev, rows, K, N, x.data<float>(), K, weight, b.data<float>(),
                            y.data<float>(), N, ws.data<float>(), act);
         linear_forward_f32(dev, rows, K, N, x.data<float>(), K, weight, b.data<float>(),

@@ -363,7 +363,9 @@ std::vector<OpCase> embedding_cases() {
       const std::vector<double> w = f64::param(p, "weight");
       std::vector<double> y;
       for (double id : x.to_double_vector())
-        for (int64_t j = 0; j < dim; ++j) y.push_back(w[static_cast<size_t>(id) * static_cast<size_t>(dim) + static_cast<size_t>(j)]);
+        for (int64_t j = 0; j < dim; ++j)
+          y.push_back(
+              w[static_cast<size_t>(id) * static_cast<size_t>(dim) + static_cast<size_t>(j)]);
       Shape shape = x.shape();
       shape.push_back(dim);
       return std::vector<Expected>{{shape, y}};
@@ -431,7 +433,8 @@ std::vector<OpCase> patch_merging_pad_cases() {
     c.reference = [](const Inputs& in, const Params&) {
       const Tensor& x = input(in, "x");
       const int64_t r = x.dim(), H = x.size(r - 3), W = x.size(r - 2), C = x.size(r - 1);
-      const int64_t Ho = (H + 1) / 2, Wo = (W + 1) / 2, outer = H * W * C != 0 ? x.numel() / (H * W * C) : 0;
+      const int64_t Ho = (H + 1) / 2, Wo = (W + 1) / 2,
+                    outer = H * W * C != 0 ? x.numel() / (H * W * C) : 0;
       Shape out = x.shape();
       out[static_cast<size_t>(r - 3)] = Ho;
       out[static_cast<size_t>(r - 2)] = Wo;
@@ -1652,9 +1655,11 @@ std::vector<OpCase> shifted_window_attention_cases() {
     OpCase c;
     const int64_t C = x.back();
     c.args["dim"] = C;
-    c.args["window_size"] = int_args ? ojson(window.first) : ojson::array({window.first, window.second});
+    c.args["window_size"] =
+        int_args ? ojson(window.first) : ojson::array({window.first, window.second});
     if (shift.first != 0 || shift.second != 0)
-      c.args["shift_size"] = int_args ? ojson(shift.first) : ojson::array({shift.first, shift.second});
+      c.args["shift_size"] =
+          int_args ? ojson(shift.first) : ojson::array({shift.first, shift.second});
     c.args["num_heads"] = heads;
     if (!qkv_bias) c.args["qkv_bias"] = false;
     if (!proj_bias) c.args["proj_bias"] = false;
@@ -2839,7 +2844,8 @@ BOOST_AUTO_TEST_CASE(shifted_window_attention_rejects_bad_args_and_shapes) {
   };
   const std::string x = "[1, 8, 8, 16]";
   const std::string base = R"("dim": 16, "num_heads": 2)";
-  expect_error(ErrorCode::Constraint, "n0 (shifted_window_attention): num_heads=3 must divide dim=16",
+  expect_error(ErrorCode::Constraint,
+               "n0 (shifted_window_attention): num_heads=3 must divide dim=16",
                swin(x, R"({"dim": 16, "num_heads": 3, "window_size": 4})"));
   expect_error(ErrorCode::Constraint, "num_heads=0 must be >= 1",
                swin(x, R"({"dim": 16, "num_heads": 0, "window_size": 4})"));
@@ -2861,7 +2867,9 @@ BOOST_AUTO_TEST_CASE(shifted_window_attention_rejects_bad_args_and_shapes) {
                swin(x, "{" + base + R"(, "window_size": [1, 18446744073709551615]})"));
   // Huge shifts: no overflow (torch.roll takes them modulo the size).
   Network::resolve(swin_network(
-      "n0", x, "{" + base + R"(, "window_size": 4, "shift_size": [9223372036854775807, 9223372036854775807]})"));
+      "n0", x,
+      "{" + base +
+          R"(, "window_size": 4, "shift_size": [9223372036854775807, 9223372036854775807]})"));
   expect_error(ErrorCode::Constraint, "attention_dropout=1.5 must be in [0, 1]",
                swin(x, "{" + base + R"(, "window_size": 4, "attention_dropout": 1.5})"));
   expect_error(ErrorCode::Constraint, "dropout=-0.1 must be in [0, 1]",
@@ -2891,8 +2899,8 @@ BOOST_AUTO_TEST_CASE(shifted_window_attention_rejects_bad_args_and_shapes) {
                swin(R"({"shape": [1, 8, 8, 16], "dtype": "bool"})",
                     "{" + base + R"(, "window_size": 4})"));
   // An open batch resolves; its size checks wait until it is bound.
-  const Network net = Network::resolve(
-      swin_network("n0", R"(["B", 7, 5, 16])", "{" + base + R"(, "window_size": 4, "shift_size": 2})"));
+  const Network net = Network::resolve(swin_network(
+      "n0", R"(["B", 7, 5, 16])", "{" + base + R"(, "window_size": 4, "shift_size": 2})"));
   BOOST_TEST(net.summary().find("[B, 7, 5, 16]") != std::string::npos, net.summary());
   expect_error(ErrorCode::Shape, "too large to partition into windows", [&] {
     Network::resolve(swin_network("n0", R"(["B", 7, 5, 16])",

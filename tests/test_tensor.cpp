@@ -103,7 +103,8 @@ BOOST_AUTO_TEST_CASE(factories) {
 
 BOOST_AUTO_TEST_CASE(random_is_seeded_and_distributed) {
   Generator g1(42), g2(42), g3(43);
-  Tensor a = Tensor::randn({4096}, g1), b = Tensor::randn({4096}, g2), c = Tensor::randn({4096}, g3);
+  Tensor a = Tensor::randn({4096}, g1), b = Tensor::randn({4096}, g2),
+         c = Tensor::randn({4096}, g3);
   const auto va = a.to_double_vector(), vb = b.to_double_vector(), vc = c.to_double_vector();
   BOOST_TEST((va == vb));
   BOOST_TEST((va != vc));
@@ -169,7 +170,8 @@ BOOST_AUTO_TEST_CASE(view_reshape_contiguous) {
   BOOST_TEST((flat.storage() != t.storage()));
   for (int64_t i = 0; i < 2; ++i)
     for (int64_t j = 0; j < 4; ++j)
-      for (int64_t k = 0; k < 3; ++k) BOOST_TEST(flat.at<float>({i * 12 + j * 3 + k}) == i * 12 + k * 4 + j);
+      for (int64_t k = 0; k < 3; ++k)
+        BOOST_TEST(flat.at<float>({i * 12 + j * 3 + k}) == i * 12 + k * 4 + j);
   // Merging dims that stay contiguous after a narrow on the leading dim is still a view.
   Tensor n = t.narrow(0, 1, 1).view({12});
   BOOST_TEST(n.at<float>({0}) == 12.0f);
