@@ -19,6 +19,7 @@ over each peer; then the issue's targets, MET / NOT MET with the numbers.
   benchmarks/models.py --quick                            # swin_t and gpt, 2 threads, 1 round, short timings
   benchmarks/models.py --quick --models gpt --threads 1 --runtimes tessera,ort
   benchmarks/models.py --target AVX2                      # an AVX-512 machine measuring the AVX2 path
+                                                          #   (the peers' AVX2 kernels too: --peer-isa)
   benchmarks/models.py --report-only benchmarks/results/RUN.jsonl   # rebuild RUN.txt / RUN.png
 
 Options: --models vit_b_16,swin_t,gpt,transformer  --threads 1,2  --rounds 3
@@ -28,6 +29,9 @@ SSE4 -> Nehalem, unless the environment sets OPENBLAS_CORETYPE; --tessera-openbl
 overrides), the probe gets --target NAME; a target
 this CPU or build lacks is an error before anything runs)  --out LABEL (file stem in
 benchmarks/results/, or a path; default <date>-models-<cpu-tag>-<isa>, +"-quick" with --quick)
+--peer-isa auto|avx2|native (avx2: ORT and PyTorch run under benchmarks/hide_avx512.cpp, which hides
+AVX-512 from their CPUID, so that they take their AVX2 kernels, and PyTorch's OpenBLAS gets Haswell
+kernels unless the environment sets OPENBLAS_CORETYPE; auto: avx2 with --target AVX2 on an AVX-512 CPU)
 --panel-cache on|off (on: tessera's packed projection weights are cached in <workdir>/panel-cache by the
 verification run, so every timed process, cold start included, maps them; off: each load packs)
 --tessera PATH (default build/apps/tessera)  --probe PATH (default benchmarks/fma_probe of that
@@ -101,8 +105,10 @@ def parse():
     p.add_argument("--tessera-openblas-coretype", default="match",
                    help="OPENBLAS_CORETYPE for tessera: match (the --target's ISA unless the environment sets one), "
                         "env (the environment's), or a core name")
-    p.add_argument("--torch-openblas-coretype", default="auto",
-                   help="for torch_model.py: auto (OpenBLAS detects; the harness default), env, or a core name")
+    p.add_argument("--torch-openblas-coretype", default="match",
+                   help="for torch_model.py: match (auto, or Haswell when the peers are held to AVX2: "
+                        "--peer-isa), auto (OpenBLAS detects; the harness default), env, or a core name")
+    peers.add_peer_isa_option(p, "--target")
     p.add_argument("--quick", action="store_true",
                    help="check the pipeline: swin_t,gpt (unless --models), 2 threads (unless --threads), "
                         "1 round, ~0.3 s of timed work, no idle waiting")
@@ -183,11 +189,21 @@ def tessera_env(a):
 
 
 def node_env(a):
-    return dict(os.environ, NODE_PATH=os.path.join(a.node_dir, "node_modules"))
+    return peers.peer_env(a, dict(os.environ, NODE_PATH=os.path.join(a.node_dir, "node_modules")))
 
 
 def py_env(threads):
     return dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+
+
+def torch_env(a, threads):
+    return peers.peer_env(a, py_env(threads))
+
+
+def torch_core(a):
+    """torch_model.py's --openblas-coretype."""
+    c = a.torch_openblas_coretype
+    return peers.torch_openblas_core(a) if c == "match" else c
 
 
 def quiet(cmd, env=None, cwd=None, timeout=300):
@@ -352,7 +368,7 @@ def verify(a, name, meta):
                 node_env(a), a.node_dir),
         "torch": (["/usr/bin/python3", os.path.join(HELPERS, "torch_model.py"), "--model", name, "--dir", d,
                    "--threads", str(n), "--verify", os.path.join(d, "torch_out.safetensors"),
-                   "--openblas-coretype", a.torch_openblas_coretype], py_env(n), None),
+                   "--openblas-coretype", torch_core(a)], torch_env(a, n), None),
     }
     out = {}
     for rt, (cmd, env, cwd) in cmds.items():
@@ -419,8 +435,8 @@ def run_one(a, meta, name, n, rt, cal, rnd):
         cmd = ["/usr/bin/python3", os.path.join(HELPERS, "torch_model.py"), "--model", name, "--dir", d,
                "--threads", str(n), "--warmup", str(cal["warmup"]), "--target-s", str(a.target_s),
                "--min-reps", str(a.min_reps), "--max-reps", str(a.max_reps),
-               "--openblas-coretype", a.torch_openblas_coretype]
-        env, cwd = py_env(n), None
+               "--openblas-coretype", torch_core(a)]
+        env, cwd = torch_env(a, n), None
     else:
         cmd = ["node", os.path.join(HELPERS, "ort_model.js"), "--model", os.path.join(d, "model.onnx"),
                "--input", os.path.join(d, "input.safetensors"), "--threads", str(n),
@@ -765,6 +781,7 @@ def write_report(a, jsonl, stem):
         f"tessera bench reported simd_target {', '.join(simd) or '?'}"
         + (f"; forced with TESSERA_HWY_TARGET={a.target}" if a.target else ""),
         meta.get("versions", "# versions: ?"),
+        "# peers' ISA: " + meta.get("peer_isa_text", "native (before --peer-isa existed)"),
         meta.get("openblas", "# OpenBLAS: ?"),
         f"# FMA probe (register-only FMA loop): start " + ", ".join(f"{n} thr {g:.1f}" for n, g in sorted(pk0.items()))
         + " GFLOP/s; end " + ", ".join(f"{n} thr {g:.1f}" for n, g in sorted(pk1.items()))
@@ -875,8 +892,8 @@ def openblas_line(a):
             "print(l.openblas_get_corename().decode())")
     te = tessera_env(a)
     tcore = quiet(["/usr/bin/python3", "-c", code], env=te)[1] or "?"
-    pe = dict(os.environ)
-    c = a.torch_openblas_coretype
+    pe = peers.peer_env(a)
+    c = torch_core(a)
     if c == "auto":
         pe.pop("OPENBLAS_CORETYPE", None)
     elif c != "env":
@@ -895,6 +912,8 @@ def main():
     cmdline = f"cd {REPO} && benchmarks/models.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     t_start = time.time()
     setup(a)
+    peers.resolve_peer_isa(a, a.target, a.probe)
+    log("peers' ISA: " + a.peer_isa_text)
     metas, verif = {}, {}
     for name in a.model_list:
         metas[name] = prepare(a, name)
@@ -932,7 +951,8 @@ def main():
                       f"max_reps={a.max_reps} idle_max_cores={a.idle_max_cores} idle_wait={a.idle_wait:g} "
                       f"panel_cache={a.panel_cache}",
           "model_list": a.model_list, "thread_list": a.thread_list, "runtime_list": a.runtime_list,
-          "target": a.target, "verify_tol": a.verify_tol, "models": metas, "verification": verif})
+          "target": a.target, "verify_tol": a.verify_tol, "models": metas, "verification": verif,
+          "peer_isa": a.peer_isa, "peer_isa_text": a.peer_isa_text})
     keep({"probe": peak, "target": target, "when": "start", "per_cpu": cpus})
 
     cals = {}

@@ -35,6 +35,10 @@ load overlapped it anyway. Outputs: benchmarks/results/<label>.txt (machine, exa
 tables, targets), <label>.jsonl (raw rows) and <label>.png. Only /usr/bin/python3 with the
 standard library (and matplotlib for the plot).
 
+With --hwy-target AVX2 on a CPU with AVX-512 the peers run under benchmarks/hide_avx512.cpp (an
+LD_PRELOAD module that hides AVX-512 from their CPUID: ONNX Runtime's MLAS and PyTorch take their
+AVX2 kernels, as on an AVX2 desktop; --peer-isa native keeps them on AVX-512).
+
 With --rounds R the main table's processes run R times per config, the runtimes' order rotating
 from round to round, and a row's ms is the median of its R processes' medians (spread = (max -
 min) / median of those): on a shared host whose speed drifts by 20-30% within minutes (the Xeon
@@ -113,6 +117,7 @@ def parse():
                    help="run tessera's kernels and the FMA probe on this Highway target only "
                         "(TESSERA_HWY_TARGET, fma_probe --target): how an AVX-512 machine reports "
                         "the AVX2 path")
+    add_peer_isa_option(p, "--hwy-target")
     p.add_argument("--report-only", default=None, metavar="RUN.jsonl",
                    help="rebuild RUN.txt and RUN.png from a run's raw rows, running nothing")
     p.add_argument("--rev", default=None,
@@ -385,11 +390,12 @@ def run_peer(a, h, peer, B, T, D, H, causal, threads, section="main", rnd=0):
     common = ["--B", str(B), "--T", str(T), "--D", str(D), "--H", str(H), "--causal", str(causal),
               "--threads", str(threads), "--max-call-s", str(a.max_call_s), "--target-s", str(a.target_s)]
     torch_cmd = ["/usr/bin/python3"]
+    core = torch_openblas_core(a)
     cmds = {
-        "torch": torch_cmd + ["torch_mha.py"] + common + ["--openblas-coretype", "auto"],
-        "torch-heap": torch_cmd + ["torch_mha.py"] + common + ["--openblas-coretype", "auto", "--malloc", "heap"],
-        "torch-nw": torch_cmd + ["torch_mha_nw.py"] + common + ["--openblas-coretype", "auto"],
-        "torch-heap-nw": torch_cmd + ["torch_mha_nw.py"] + common + ["--openblas-coretype", "auto",
+        "torch": torch_cmd + ["torch_mha.py"] + common + ["--openblas-coretype", core],
+        "torch-heap": torch_cmd + ["torch_mha.py"] + common + ["--openblas-coretype", core, "--malloc", "heap"],
+        "torch-nw": torch_cmd + ["torch_mha_nw.py"] + common + ["--openblas-coretype", core],
+        "torch-heap-nw": torch_cmd + ["torch_mha_nw.py"] + common + ["--openblas-coretype", core,
                                                                      "--malloc", "heap"],
         "ort-fused": ["node", "ort_mha.js", "--variant", "fused"] + common,
         "ort-plain": ["node", "ort_mha.js", "--variant", "plain"] + common,
@@ -401,7 +407,7 @@ def run_peer(a, h, peer, B, T, D, H, causal, threads, section="main", rnd=0):
     if peer.endswith("-nw") and not os.path.exists(os.path.join(h, "torch_mha_nw.py")):
         return dict(base, status="skip", note="no need_weights variant of torch_mha.py")
     hard = int(a.max_call_s * 12 + 60)
-    rec, info = run_proc(a, cmds[peer], cwd=h, timeout=hard)
+    rec, info = run_proc(a, cmds[peer], cwd=h, env=peer_env(a), timeout=hard)
     if not rec:
         why = f"killed after {hard}s" if info["rc"] in (-9, 124, 137) else f"rc={info['rc']}"
         rec = dict(base, status="skip", note=f"{why} {info['stderr'][-150:]}")
@@ -411,6 +417,69 @@ def run_peer(a, h, peer, B, T, D, H, causal, threads, section="main", rnd=0):
     if rec.get("status") == "ok":
         rec["gflops"] = round(flops(B, T, D) / (rec["median_ms"] * 1e-3) / 1e9, 2)
     return finish(rec, info, a)
+
+
+# ---------------------------------------------------------------- the peers' ISA
+def add_peer_isa_option(p, target_option):
+    p.add_argument("--peer-isa", choices=("auto", "avx2", "native"), default="auto",
+                   help="avx2: start the peers under benchmarks/hide_avx512.cpp (LD_PRELOAD), so that "
+                        "ONNX Runtime's MLAS and PyTorch see no AVX-512 in CPUID and run their AVX2 "
+                        "kernels, and give PyTorch's OpenBLAS Haswell kernels unless the environment "
+                        "sets OPENBLAS_CORETYPE; native: the CPU as it is; auto (default): avx2 when "
+                        f"{target_option} AVX2 runs on a CPU with AVX-512")
+
+
+def cpu_has_avx512():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                return "avx512f" in line.split(":", 1)[1].split()
+    return False
+
+
+def resolve_peer_isa(a, forced_target, probe_exe):
+    """Sets a.peer_preload (the LD_PRELOAD value for peer processes, or None) and a.peer_isa_text
+    (the report's line). Checks the module on the FMA probe first: Highway's dispatch reads the
+    same CPUID bits as MLAS, so under the module the probe's best target must be AVX2."""
+    want = a.peer_isa
+    if want == "auto":
+        want = "avx2" if forced_target == "AVX2" and cpu_has_avx512() else "native"
+    a.peer_isa = want
+    a.peer_preload, a.peer_isa_text = None, "native: the peers see the CPU's own CPUID"
+    if want == "native":
+        return
+    module = os.path.join(os.path.dirname(os.path.abspath(probe_exe)), "libhide_avx512.so")
+    if not os.path.exists(module):
+        sys.exit(f"--peer-isa avx2: {module} is missing (built with the benchmarks)")
+    env = {k: v for k, v in os.environ.items() if k != "TESSERA_HWY_TARGET"}
+    env["LD_PRELOAD"] = (module + " " + env.get("LD_PRELOAD", "")).strip()
+    r = subprocess.run([probe_exe, "--threads", "1", "--ms", "1", "--rounds", "1", "--json"], env=env,
+                       capture_output=True, text=True)
+    seen = json.loads(r.stdout).get("target") if r.returncode == 0 and r.stdout.startswith("{") else None
+    if seen != "AVX2":
+        sys.exit(f"--peer-isa avx2: under {module} the FMA probe's best target is {seen or r.stderr.strip()}, "
+                 "not AVX2: the peers would not run their AVX2 kernels")
+    a.peer_preload = env["LD_PRELOAD"]
+    a.peer_isa_text = ("avx2: the peers ran under benchmarks/hide_avx512.cpp (LD_PRELOAD): AVX-512 hidden from "
+                       "CPUID, so ONNX Runtime's MLAS and PyTorch took their AVX2 kernels (checked: the FMA "
+                       "probe's best target under it is AVX2); PyTorch's OpenBLAS " + torch_openblas_core(a))
+
+
+def torch_openblas_core(a):
+    """The torch peers' --openblas-coretype: OpenBLAS detects (the harness default), but with the
+    peers held to AVX2 the Haswell kernels OpenBLAS picks on AVX2 desktops (on this Xeon it falls
+    back to Prescott's SSE3), unless the environment sets OPENBLAS_CORETYPE."""
+    if getattr(a, "peer_preload", None) is None:
+        return "auto"
+    return "env" if "OPENBLAS_CORETYPE" in os.environ else "Haswell"
+
+
+def peer_env(a, env=None):
+    """The environment of a peer process: env (default the runner's) plus the CPUID module."""
+    env = dict(os.environ if env is None else env)
+    if getattr(a, "peer_preload", None):
+        env["LD_PRELOAD"] = a.peer_preload
+    return env
 
 
 def run_fma_probe(exe, threads, target):
@@ -787,7 +856,7 @@ def versions(a, h):
     return (f"# tessera {git} ({a.tessera}); torch {torch_v}; onnxruntime-node {ort_v}; "
             f"node {out(['node', '--version'])}\n# OpenBLAS kernels: tessera runs with the environment's "
             f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} -> {core}; the torch peers "
-            f"let OpenBLAS auto-detect (harness default)")
+            f"get --openblas-coretype {torch_openblas_core(a)}")
 
 
 def over_rounds(rs):
@@ -821,7 +890,7 @@ def write_report(a, jsonl, stem):
                 continue
             r = json.loads(line)
             if "meta" in r:
-                (meta if r["meta"] == "start" else meta_end).update(r)
+                (meta if r["meta"] in ("start", "peers") else meta_end).update(r)
             elif "probe" in r:
                 pk = {int(k): v for k, v in r["probe"].items()}
                 if r.get("when") == "start":
@@ -849,6 +918,7 @@ def write_report(a, jsonl, stem):
         f"# tessera vs PyTorch / ONNX Runtime: MultiheadAttention self-attention forward, float32  {meta.get('started', '?')}",
         meta.get("machine", "# host: ?"),
         meta.get("versions", "# versions: ?"),
+        "# peers' ISA: " + meta.get("peer_isa_text", "native (before --peer-isa existed)"),
         f"# FMA probe ({target}, register-only FMA loop, benchmarks/fma_probe): start "
         + ", ".join(f"{n} thr {g:.1f}" for n, g in probe_start.items()) + " GFLOP/s; end "
         + ", ".join(f"{n} thr {g:.1f}" for n, g in peak_end.items())
@@ -897,6 +967,7 @@ def main():
     cmdline = f"cd {REPO} && benchmarks/peers.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
     a.resume = Resume(a.resume)
     h = setup(a)
+    resolve_peer_isa(a, a.hwy_target, a.probe)
     os.makedirs(a.out, exist_ok=True)
     stem = os.path.join(a.out, a.label)
     jsonl = stem + ".jsonl"
@@ -925,6 +996,8 @@ def main():
     peak, target, cpus = probe(a)
     log(f"FMA probe ({target}): " + ", ".join(f"{n} thr {g:.1f} GFLOP/s" for n, g in peak.items()))
     keep({"probe": peak, "target": target, "when": "start", "per_cpu": cpus})
+    keep({"meta": "peers", "peer_isa": a.peer_isa, "peer_isa_text": a.peer_isa_text})
+    log("peers' ISA: " + a.peer_isa_text)
 
     for (B, T, D, H) in a.shape_list:
         for c in a.causal_list:
