@@ -462,7 +462,7 @@ def resolve_peer_isa(a, forced_target, probe_exe):
     a.peer_preload = env["LD_PRELOAD"]
     a.peer_isa_text = ("avx2: the peers ran under benchmarks/hide_avx512.cpp (LD_PRELOAD): AVX-512 hidden from "
                        "CPUID, so ONNX Runtime's MLAS and PyTorch took their AVX2 kernels (checked: the FMA "
-                       "probe's best target under it is AVX2); PyTorch's OpenBLAS " + torch_openblas_core(a))
+                       "probe's best target under it is AVX2; PyTorch's OpenBLAS core: the OpenBLAS line)")
 
 
 def torch_openblas_core(a):
