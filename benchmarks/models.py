@@ -862,12 +862,7 @@ def cpu_facts():
     def field(k):
         m = re.search(rf"^{k}:\s*(.*)$", out, re.M)
         return m.group(1).strip() if m else "?"
-    flags = []
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                flags = line.split(":", 1)[1].split()
-                break
+    flags = peers.cpu_flags()
     name = field("Model name")
     tag = re.sub(r"\(r\)|\(tm\)|\bcpu\b|@.*$|\bprocessor\b|\d+-core", "", name.lower())
     tag = re.sub(r"[^a-z0-9]+", "-", tag).strip("-") + f"-f{field('CPU family')}m{field('Model')}"

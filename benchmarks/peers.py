@@ -429,12 +429,13 @@ def add_peer_isa_option(p, target_option):
                         f"{target_option} AVX2 runs on a CPU with AVX-512")
 
 
-def cpu_has_avx512():
+def cpu_flags():
+    """The CPU's feature flags as /proc/cpuinfo lists them (the first CPU's). Shared with models.py."""
     with open("/proc/cpuinfo") as f:
         for line in f:
             if line.startswith("flags"):
-                return "avx512f" in line.split(":", 1)[1].split()
-    return False
+                return line.split(":", 1)[1].split()
+    return []
 
 
 def resolve_peer_isa(a, forced_target, probe_exe):
@@ -443,7 +444,7 @@ def resolve_peer_isa(a, forced_target, probe_exe):
     same CPUID bits as MLAS, so under the module the probe's best target must be AVX2."""
     want = a.peer_isa
     if want == "auto":
-        want = "avx2" if forced_target == "AVX2" and cpu_has_avx512() else "native"
+        want = "avx2" if forced_target == "AVX2" and "avx512f" in cpu_flags() else "native"
     a.peer_isa = want
     a.peer_preload, a.peer_isa_text = None, "native: the peers see the CPU's own CPUID"
     if want == "native":
