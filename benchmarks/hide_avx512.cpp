@@ -34,7 +34,13 @@
 namespace {
 
 using SigactionFn = int (*)(int, const struct sigaction*, struct sigaction*);
-SigactionFn real_sigaction = nullptr;
+
+// libc's sigaction, under the one this module defines.
+SigactionFn real_sigaction() {
+  static const auto fn = reinterpret_cast<SigactionFn>(dlsym(RTLD_NEXT, "sigaction"));
+  return fn;
+}
+
 bool installed = false;
 // The SIGSEGV disposition the program believes it has: the one before this module, then
 // whatever it installs.
@@ -94,18 +100,17 @@ void on_segv(int sig, siginfo_t* info, void* context) {
     // The faulting instruction runs again and takes the default action.
     struct sigaction fallback = {};
     fallback.sa_handler = SIG_DFL;
-    real_sigaction(SIGSEGV, &fallback, nullptr);
+    real_sigaction()(SIGSEGV, &fallback, nullptr);
   }
 }
 
 __attribute__((constructor)) void hide_avx512() {
-  real_sigaction = reinterpret_cast<SigactionFn>(dlsym(RTLD_NEXT, "sigaction"));
   struct sigaction action = {};
   action.sa_sigaction = on_segv;
   // SA_ONSTACK: a program's alternate stack (stack-overflow reports) serves this handler too.
   action.sa_flags = SA_SIGINFO | SA_ONSTACK;
   sigemptyset(&action.sa_mask);
-  if (real_sigaction == nullptr || real_sigaction(SIGSEGV, &action, &program_action) != 0 ||
+  if (real_sigaction() == nullptr || real_sigaction()(SIGSEGV, &action, &program_action) != 0 ||
       !set_cpuid_faulting(true)) {
     // Better no process than one that silently measures the AVX-512 path.
     std::fprintf(stderr, "hide_avx512: CPUID faulting unavailable here (arch_prctl)\n");
@@ -117,11 +122,7 @@ __attribute__((constructor)) void hide_avx512() {
 }  // namespace
 
 extern "C" int sigaction(int sig, const struct sigaction* act, struct sigaction* old) {
-  if (sig != SIGSEGV || !installed) {
-    if (real_sigaction == nullptr)
-      real_sigaction = reinterpret_cast<SigactionFn>(dlsym(RTLD_NEXT, "sigaction"));
-    return real_sigaction(sig, act, old);
-  }
+  if (sig != SIGSEGV || !installed) return real_sigaction()(sig, act, old);
   if (old != nullptr) *old = program_action;
   if (act != nullptr) program_action = *act;
   return 0;
