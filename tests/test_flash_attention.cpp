@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <memory>
@@ -649,13 +650,13 @@ BOOST_AUTO_TEST_CASE(nan_propagation) {
   }
 }
 
-// The softmax exp on its own: relative error over [-87.3, 88] (flash attention's arguments reach
-// +8, decode attention's stay <= 0), exact 1 at 0 (the rescale skip relies on alpha == 1
-// exactly), 0 at and below the normal range and never a subnormal, 0 for -inf, NaN for NaN. The
-// targets with FMA give the same bits (AVX-512 scales by 2^n with vscalefps, AVX2 with a
-// multiply).
-BOOST_AUTO_TEST_CASE(exp_fast) {
-  TargetReset reset;
+// The exps on their own: relative error over [-87.3, 88] (flash attention's arguments reach +8,
+// decode attention's stay <= 0), exact 1 at 0 (the rescale skip relies on alpha == 1 exactly),
+// 0 at and below the normal range and never a subnormal, 0 for -inf, NaN for NaN, on every
+// compiled target. `rel_bound(x)` bounds the relative error at x; `same_bits` lists targets that
+// must give the first one's bits.
+void CheckExp(const char* name, void (*exp)(int64_t, const float*, float*),
+              double (*rel_bound)(float), std::initializer_list<int64_t> same_bits) {
   std::vector<float> x;
   for (int i = 0; i <= 2000000; ++i) x.push_back(-87.33f * static_cast<float>(i) / 2000000.0f);
   for (int i = 1; i <= 2000000; ++i) x.push_back(88.0f * static_cast<float>(i) / 2000000.0f);
@@ -666,38 +667,65 @@ BOOST_AUTO_TEST_CASE(exp_fast) {
   x.push_back(-1e4f);
   x.push_back(-kInf);
   x.push_back(kNaN);
-  std::vector<float> y(x.size()), fma_bits;
+  std::vector<float> y(x.size()), first_bits;
   for (const int64_t target : compiled_targets()) {
     hwy::SetSupportedTargetsForTest(target);
     std::fill(y.begin(), y.end(), kSentinel);
-    cpu::exp_fast_f32(static_cast<int64_t>(x.size()), x.data(), y.data());
-    if (target == HWY_AVX2 || target == HWY_AVX3 || target == HWY_AVX3_DL) {
-      if (fma_bits.empty()) fma_bits = y;
-      BOOST_TEST(std::memcmp(fma_bits.data(), y.data(), (y.size() - 1) * sizeof(float)) == 0,
-                 hwy::TargetName(target) << ": bits differ from the first FMA target's");
+    exp(static_cast<int64_t>(x.size()), x.data(), y.data());
+    const std::string label = std::string(name) + " " + hwy::TargetName(target);
+    if (std::find(same_bits.begin(), same_bits.end(), target) != same_bits.end()) {
+      if (first_bits.empty()) first_bits = y;
+      BOOST_TEST(std::memcmp(first_bits.data(), y.data(), (y.size() - 1) * sizeof(float)) == 0,
+                 label << ": bits differ from the first listed target's");
     }
     bool normal_or_zero = true;
     for (const float v : y) normal_or_zero &= std::fpclassify(v) != FP_SUBNORMAL;
-    BOOST_TEST(normal_or_zero, hwy::TargetName(target) << ": a subnormal result");
-    double worst = 0.0;
+    BOOST_TEST(normal_or_zero, label << ": a subnormal result");
+    double worst = 0.0;  // of error / bound
     float worst_x = 0.0f;
     for (size_t i = 0; i < n_rel; ++i) {
       const double want = std::exp(static_cast<double>(x[i]));
-      const double rel = std::fabs(y[i] - want) / want;
-      if (rel > worst) {
-        worst = rel;
+      const double ratio = std::fabs(y[i] - want) / want / rel_bound(x[i]);
+      if (ratio > worst) {
+        worst = ratio;
         worst_x = x[i];
       }
     }
-    BOOST_TEST_MESSAGE("exp_fast " << hwy::TargetName(target) << ": max relative error " << worst
-                                   << " at x = " << worst_x);
-    BOOST_TEST(worst <= 6e-7, hwy::TargetName(target) << ": " << worst << " at " << worst_x);
-    BOOST_TEST(y[0] == 1.0f, hwy::TargetName(target));
+    BOOST_TEST_MESSAGE(label << ": worst relative error / bound " << worst << " at x = "
+                             << worst_x);
+    BOOST_TEST(worst <= 1.0, label << ": " << worst << " of the bound at " << worst_x);
+    BOOST_TEST(y[0] == 1.0f, label);
     bool under_ok = true;
     for (size_t i = n_rel; i + 1 < x.size(); ++i) under_ok &= y[i] >= 0.0f && y[i] <= 1.2e-38f;
-    BOOST_TEST(under_ok, hwy::TargetName(target) << ": exp below -87.34 not in [0, 1.2e-38]");
-    BOOST_TEST(y[x.size() - 2] == 0.0f, hwy::TargetName(target) << ": exp(-inf)");
-    BOOST_TEST(std::isnan(y[x.size() - 1]), hwy::TargetName(target) << ": exp(NaN)");
+    BOOST_TEST(under_ok, label << ": exp below -87.34 not in [0, 1.2e-38]");
+    BOOST_TEST(y[x.size() - 2] == 0.0f, label << ": exp(-inf)");
+    BOOST_TEST(std::isnan(y[x.size() - 1]), label << ": exp(NaN)");
+  }
+}
+
+// ExpFastF32: 6e-7 relative everywhere; the targets with FMA give the same bits (AVX-512 scales
+// by 2^n with vscalefps, AVX2 with a multiply).
+BOOST_AUTO_TEST_CASE(exp_fast) {
+  TargetReset reset;
+  CheckExp("exp_fast", cpu::exp_fast_f32, [](float) { return 6e-7; },
+           {HWY_AVX2, HWY_AVX3, HWY_AVX3_DL});
+}
+
+// SoftmaxExpF32: 2^(x log2 e) below AVX-512, so the product's rounding and float log2 e's add
+// 7.3e-8 |x| to the polynomial's 1.1e-7; on AVX-512 it is ExpFastF32, bit for bit (6e-7).
+BOOST_AUTO_TEST_CASE(softmax_exp) {
+  TargetReset reset;
+  CheckExp("softmax_exp", cpu::softmax_exp_f32,
+           [](float x) { return std::max(6e-7, 2e-7 + 8e-8 * std::fabs(static_cast<double>(x))); },
+           {HWY_AVX3, HWY_AVX3_DL});
+  const std::vector<float> x = {-80.0f, -20.0f, -3.5f, 0.25f, 7.9f, 88.0f};
+  std::vector<float> a(x.size()), b(x.size());
+  for (const int64_t target : compiled_targets()) {
+    if (target != HWY_AVX3 && target != HWY_AVX3_DL) continue;
+    hwy::SetSupportedTargetsForTest(target);
+    cpu::softmax_exp_f32(static_cast<int64_t>(x.size()), x.data(), a.data());
+    cpu::exp_fast_f32(static_cast<int64_t>(x.size()), x.data(), b.data());
+    BOOST_TEST(a == b, hwy::TargetName(target) << ": not ExpFastF32's bits");
   }
 }
 

@@ -22,8 +22,11 @@ void flash_attention_f32_dispatch(const FlashAttentionTile& tile);
 // shorter) are what the kernel was tuned for: K and V stream once per 256 rows.
 int64_t flash_attention_scratch_floats_cpu(int64_t rows, int64_t head_dim, int64_t v_head_dim);
 
-// y[i] = e^x[i] as the kernel computes it (x <= 88; -inf -> 0, NaN -> NaN, 0 below -87.34), so
-// tests can bound its error on its own. Not a table kernel.
+// y[i] = e^x[i] as the kernels compute it (x <= 88; -inf -> 0, NaN -> NaN, 0 below -87.34), so
+// tests can bound the errors on their own: exp_fast_f32 is decode attention's and gelu's exp
+// (ExpFastF32), softmax_exp_f32 the online softmax's of the flash kernel (SoftmaxExpF32, m = 0).
+// Not table kernels.
 void exp_fast_f32(int64_t n, const float* x, float* y);
+void softmax_exp_f32(int64_t n, const float* x, float* y);
 
 }  // namespace tessera::cpu

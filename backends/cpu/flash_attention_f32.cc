@@ -26,7 +26,9 @@
 //      lazy reference gained 0.9-1.3 points of the FMA probe on AVX2 at T = 512 and 4096 and
 //      was within noise on AVX-512 (Zen 4; benchmarks/results/, *-zen4-attention-core-s18).
 // At head_dim = v_head_dim = 64 a (row block, key block) step is 2 x 2048 FMAs against 64 vector
-// exps of ~14 ops, 9 of them on the FMA pipes: ~14% extra FMA-pipe work. Measured split at
+// exps of ~14 ops, 7-9 of them on the FMA pipes: ~11-14% extra FMA-pipe work (SoftmaxExpF32:
+// as 2^y on AVX2, 7, which made the AVX2 core 0.5-3% faster on Zen 4, T = 128 to 4096 and
+// Swin's windows, and ~0.3% on an Intel core, whose adds share a port with FMAs). Measured split at
 // T = 512 (bench_attention_kernel, variants of this file): P.V runs at ~95% of the FMA probe,
 // scores with their packing at ~80%, the softmax costs ~8% of the total.
 //
@@ -52,7 +54,7 @@
 //   in place: the same lines in the same order as a packed block, one copy fewer per panel.
 //
 // Semantics (core/kernels.h, core/attention_tile.h): rows whose visible scores are all -inf,
-// and rows that see no key, get zeros; a NaN score makes its row NaN (ExpFastF32 in
+// and rows that see no key, get zeros; a NaN score makes its row NaN (SoftmaxExpF32 in
 // math_f32-inl.h keeps NaN).
 
 #undef HWY_TARGET_INCLUDE
@@ -459,7 +461,7 @@ bool RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
     const VF m_old = hn::Load(d, c.m + rv * N);
     const VF m_new = hn::IfThenElse(hn::Gt(bm[rv], hn::Add(m_old, slack)), bm[rv], m_old);
     const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(d, kNegInf)), m_new);
-    const VF alpha = ExpFastF32(d, hn::Sub(m_old, m_use));
+    const VF alpha = SoftmaxExpF32(d, m_old, m_use);
     rescale |= !hn::AllTrue(d, hn::Eq(alpha, hn::Set(d, 1.0f)));
     hn::Store(m_new, d, c.m + rv * N);
     hn::Store(alpha, d, c.alpha + rv * N);
@@ -468,15 +470,15 @@ bool RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
     float* HWY_RESTRICT p = c.scores + rv * N;
     size_t j = 0;
     for (; j + 2 <= nk; j += 2) {
-      const VF e0 = ExpFastF32(d, hn::Sub(hn::Load(d, p + j * c.rb), m_use));
-      const VF e1 = ExpFastF32(d, hn::Sub(hn::Load(d, p + (j + 1) * c.rb), m_use));
+      const VF e0 = SoftmaxExpF32(d, hn::Load(d, p + j * c.rb), m_use);
+      const VF e1 = SoftmaxExpF32(d, hn::Load(d, p + (j + 1) * c.rb), m_use);
       hn::Store(e0, d, p + j * c.rb);
       hn::Store(e1, d, p + (j + 1) * c.rb);
       sum0 = hn::Add(sum0, e0);
       sum1 = hn::Add(sum1, e1);
     }
     if (j < nk) {
-      const VF e = ExpFastF32(d, hn::Sub(hn::Load(d, p + j * c.rb), m_use));
+      const VF e = SoftmaxExpF32(d, hn::Load(d, p + j * c.rb), m_use);
       hn::Store(e, d, p + j * c.rb);
       sum0 = hn::Add(sum0, e);
     }
@@ -727,20 +729,28 @@ void FlashAttentionF32(const FlashAttentionTile& t) {
     Panel(t, lay, p0, std::min(lay.panel_rows, t.rows - p0));
 }
 
-// y[i] = ExpFastF32(x[i]), for the accuracy test of the exp itself.
-void ExpFastArrayF32(int64_t n, const float* x, float* y) {
+// y[i] = exp(x[i]) by `exp` (a vector function), whole vectors and a zero-padded tail.
+template <class Exp>
+void ExpArray(int64_t n, const float* x, float* y, Exp exp) {
   const DF d;
   const size_t N = hn::Lanes(d);
   size_t i = 0;
-  for (; i + N <= static_cast<size_t>(n); i += N)
-    hn::StoreU(ExpFastF32(d, hn::LoadU(d, x + i)), d, y + i);
+  for (; i + N <= static_cast<size_t>(n); i += N) hn::StoreU(exp(hn::LoadU(d, x + i)), d, y + i);
   if (i < static_cast<size_t>(n)) {
     HWY_ALIGN float buf[hn::MaxLanes(DF())] = {};
     const size_t rest = static_cast<size_t>(n) - i;
     std::memcpy(buf, x + i, rest * sizeof(float));
-    hn::Store(ExpFastF32(d, hn::Load(d, buf)), d, buf);
+    hn::Store(exp(hn::Load(d, buf)), d, buf);
     std::memcpy(y + i, buf, rest * sizeof(float));
   }
+}
+
+// The two exps of this file and decode attention's, for the accuracy tests of the exps alone.
+void ExpFastArrayF32(int64_t n, const float* x, float* y) {
+  ExpArray(n, x, y, [](VF v) { return ExpFastF32(DF(), v); });
+}
+void SoftmaxExpArrayF32(int64_t n, const float* x, float* y) {
+  ExpArray(n, x, y, [](VF v) { return SoftmaxExpF32(DF(), v, hn::Zero(DF())); });
 }
 
 }  // namespace tessera::HWY_NAMESPACE
@@ -750,6 +760,7 @@ HWY_AFTER_NAMESPACE();
 namespace tessera {
 HWY_EXPORT(FlashAttentionF32);
 HWY_EXPORT(ExpFastArrayF32);
+HWY_EXPORT(SoftmaxExpArrayF32);
 
 namespace cpu {
 
@@ -763,6 +774,10 @@ int64_t flash_attention_scratch_floats_cpu(int64_t rows, int64_t head_dim, int64
 
 void exp_fast_f32(int64_t n, const float* x, float* y) {
   HWY_DYNAMIC_DISPATCH(ExpFastArrayF32)(n, x, y);
+}
+
+void softmax_exp_f32(int64_t n, const float* x, float* y) {
+  HWY_DYNAMIC_DISPATCH(SoftmaxExpArrayF32)(n, x, y);
 }
 
 }  // namespace cpu
