@@ -745,7 +745,7 @@ void ExpArray(int64_t n, const float* x, float* y, Exp exp) {
   }
 }
 
-// The two exps of this file and decode attention's, for the accuracy tests of the exps alone.
+// The softmax's exp and ExpFastF32 (decode attention's, gelu's), for the tests of the exps alone.
 void ExpFastArrayF32(int64_t n, const float* x, float* y) {
   ExpArray(n, x, y, [](VF v) { return ExpFastF32(DF(), v); });
 }

@@ -14,7 +14,7 @@
 //                      8e-8 |x - m| (the product's rounding and float log2 e's): 8.4e-7 at the
 //                      kernel's largest argument, more only on terms below e^-8 of their row's
 //                      sum; ExpFastF32 on AVX-512.
-// Both keep NaN a NaN (hn::Exp returns 0, which would silently drop a NaN logit from its row)
+// All keep NaN a NaN (hn::Exp returns 0, which would silently drop a NaN logit from its row)
 // and return exactly 0 for -inf and below the normal range, never a subnormal. Tail
 // loads/stores: core/simd_tail-inl.h.
 //
@@ -133,9 +133,9 @@ HWY_INLINE V ExpFastF32(D d, V x) {
 // narrower as 2^y with y = (x - m) log2 e: t = y + (1.5 * 2^23 + 127) rounds y to an integer n
 // and leaves n + 127 in t's low bits, so r = y - n is exact (Sterbenz) and t shifted left by 23
 // is 2^n; 2^r = 1 + r P(r), P of degree 4 fitted on [-1/2, 1/2] (1.1e-7 relative). Two
-// multiplies and five FMAs on the FMA pipes against ExpFastF32's nine: AMD cores run the three
-// subtractions on adders of their own. AVX-512 keeps ExpFastF32 (vscalefps takes the scaling;
-// the 2^y form measured level to 2% slower there, Xeon session 35).
+// multiplies and five FMAs on the FMA pipes against ExpFastF32's nine: AMD cores run the four
+// additions and subtractions on adders of their own. AVX-512 keeps ExpFastF32 (vscalefps takes
+// the scaling; the 2^y form measured level to 2% slower there, Xeon session 35).
 template <class D, class V = hn::Vec<D>>
 HWY_INLINE V SoftmaxExpF32(D d, V x, V m) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
