@@ -246,6 +246,10 @@ double rel_diff(double got, double want) { return std::abs(got - want) / std::ab
 
 }  // namespace
 
+// OpenBLAS's pthread build: 1 while its server threads run (started as the library loads).
+// Weak, as in cpu_device.cpp: builds without a thread server lack it.
+extern "C" int blas_server_avail __attribute__((weak));
+
 BOOST_AUTO_TEST_SUITE(kernels)
 
 // ---------------------------------------------------------------------------------------------
@@ -270,6 +274,38 @@ BOOST_AUTO_TEST_CASE(device_allocates_aligned_and_reports_target) {
   BOOST_TEST(!target.empty());
   BOOST_TEST(target != "Unknown");
   BOOST_TEST_MESSAGE("cpu device dispatches to " << target);
+}
+
+// The device stops OpenBLAS's server threads (one thread never uses them; spinning, they took
+// a core from a oneTBB worker for the process's first ~100 ms), and OpenBLAS still computes.
+BOOST_AUTO_TEST_CASE(device_stops_openblas_server_threads) {
+  cpu_device();
+  if (&blas_server_avail == nullptr) {
+    BOOST_TEST_MESSAGE("this OpenBLAS has no thread server");
+    return;
+  }
+  BOOST_TEST(blas_server_avail == 0);
+  BOOST_TEST(openblas_get_num_threads() == 1);
+  // Small integers: every product and sum is exact in float, so the naive loop must match.
+  constexpr int n = 64;
+  std::vector<float> a(n * n), b(n * n), c(n * n);
+  for (int i = 0; i < n * n; ++i) {
+    a[static_cast<size_t>(i)] = static_cast<float>(i % 7 - 3);
+    b[static_cast<size_t>(i)] = static_cast<float>(i % 5 - 2);
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+              0.0f, c.data(), n);
+  int wrong = 0;
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      double want = 0;
+      for (int k = 0; k < n; ++k)
+        want += static_cast<double>(a[static_cast<size_t>(i * n + k)]) *
+                b[static_cast<size_t>(k * n + j)];
+      wrong += c[static_cast<size_t>(i * n + j)] != static_cast<float>(want);
+    }
+  BOOST_TEST(wrong == 0);
+  BOOST_TEST(blas_server_avail == 0);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,6 +9,11 @@
 #include "backends/cpu/flash_attention.h"
 #include "core/allocator.h"
 
+// OpenBLAS's pthread build: stops its server threads (joins them; blas_server_avail drops to 0).
+// Weak: the serial build lacks it, and Debian's alternatives may put that (or the OpenMP build)
+// where the pthread build was linked.
+extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
+
 namespace tessera {
 namespace {
 
@@ -46,6 +51,14 @@ class CpuDevice final : public Device {
     // GEMM-heavy layers slow down 2-5x (core/parallel.h). Debian ships the pthread build, so pin
     // it to one thread here, before any kernel can run.
     openblas_set_num_threads(1);
+    // The pthread build also starts its server threads (one per core but one) as the library
+    // loads, and each spins on sched_yield for ~2^28 TSC ticks (~100 ms here) before it sleeps.
+    // Sharing a core with a oneTBB worker, a spinning one halved that worker for the process's
+    // first ~100 ms (perf sched): the gpt recipe's first run on two threads took 74 ms longer
+    // than the next (median of 8 processes, each after 2 s idle, Zen 4), 25 ms with this call;
+    // cold start 206 -> 158 ms. One thread never needs them, so they stop here; OpenBLAS starts
+    // them again itself should a threaded call ever come.
+    if (blas_thread_shutdown_ != nullptr) blas_thread_shutdown_();
   }
 
   const char* name() const override { return "cpu"; }
