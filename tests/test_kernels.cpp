@@ -277,7 +277,9 @@ BOOST_AUTO_TEST_CASE(device_allocates_aligned_and_reports_target) {
 }
 
 // The device stops OpenBLAS's server threads (one thread never uses them; spinning, they took
-// a core from a oneTBB worker for the process's first ~100 ms), and OpenBLAS still computes.
+// a core from a oneTBB worker for the process's first ~100 ms). That OpenBLAS still computes
+// after it is gemm_transposes_strides_alpha_beta's to check: it calls OpenBLAS through the
+// device's kernel table, so after the stop.
 BOOST_AUTO_TEST_CASE(device_stops_openblas_server_threads) {
   cpu_device();
   if (&blas_server_avail == nullptr) {
@@ -286,26 +288,6 @@ BOOST_AUTO_TEST_CASE(device_stops_openblas_server_threads) {
   }
   BOOST_TEST(blas_server_avail == 0);
   BOOST_TEST(openblas_get_num_threads() == 1);
-  // Small integers: every product and sum is exact in float, so the naive loop must match.
-  constexpr int n = 64;
-  std::vector<float> a(n * n), b(n * n), c(n * n);
-  for (int i = 0; i < n * n; ++i) {
-    a[static_cast<size_t>(i)] = static_cast<float>(i % 7 - 3);
-    b[static_cast<size_t>(i)] = static_cast<float>(i % 5 - 2);
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
-              0.0f, c.data(), n);
-  int wrong = 0;
-  for (int i = 0; i < n; ++i)
-    for (int j = 0; j < n; ++j) {
-      double want = 0;
-      for (int k = 0; k < n; ++k)
-        want += static_cast<double>(a[static_cast<size_t>(i * n + k)]) *
-                b[static_cast<size_t>(k * n + j)];
-      wrong += c[static_cast<size_t>(i * n + j)] != static_cast<float>(want);
-    }
-  BOOST_TEST(wrong == 0);
-  BOOST_TEST(blas_server_avail == 0);
 }
 
 // ---------------------------------------------------------------------------------------------
