@@ -9,7 +9,7 @@ that models.py prepared, and prints per build the median cold start, the first r
 the steady run, and the steady run.
 
   benchmarks/cold_start_ab.py --bins /tmp/tessera_old,build/apps/tessera --threads 2 \\
-      --model /tmp/tessera-models-0/models/gpt --shape ids=1,512 --n 8 --gap 2
+      --shape ids=1,512 --n 8 --gap 2      # the gpt model of models.py's work directory
 """
 import argparse
 import json
@@ -21,15 +21,16 @@ import time
 
 
 def main():
+    work = f"/tmp/tessera-models-{os.getuid()}"  # models.py's default --workdir
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bins", required=True, help="comma-separated tessera executables")
-    p.add_argument("--model", default="/tmp/tessera-models-0/models/gpt",
+    p.add_argument("--model", default=os.path.join(work, "models", "gpt"),
                    help="a model directory of models.py's work directory (net.json, weights.safetensors)")
     p.add_argument("--shape", default="ids=1,512", help="--shape for tessera bench")
     p.add_argument("--threads", default="2")
     p.add_argument("--n", type=int, default=8, help="processes per build")
     p.add_argument("--gap", type=float, default=2.0, help="idle seconds before each process")
-    p.add_argument("--panel-cache", default="/tmp/tessera-models-0/panel-cache")
+    p.add_argument("--panel-cache", default=os.path.join(work, "panel-cache"))
     a = p.parse_args()
     bins = a.bins.split(",")
     for b in bins:
