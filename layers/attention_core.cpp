@@ -56,19 +56,14 @@ void build_key_major_bias(const AttentionArgs& a, float* bias) {
       const int64_t h = i / S, s = i % S;
       const float* table = a.rel_table + h * a.rel_head_stride;
       float* row = bias + i * Lp;
-      // relative_position_index(l, s) stepped along l: the table row moves by 2W - 1 per grid
-      // row of l, by 1 per column (no division per element).
+      // relative_position_index(l, s) along l: consecutive within a grid row of l (W entries
+      // of the table copied as one run), 2W - 1 further on per grid row. Element by element
+      // this loop was ~20% of the core's time at Swin's last stage (24 heads, one 7 x 7 window;
+      // perf, Zen 4).
       const int64_t W = a.grid_w, R = 2 * W - 1;
-      int64_t at = relative_position_index(0, s, a.grid_h, W), lx = 0;
-      for (int64_t l = 0; l < L; ++l) {
-        row[l] = table[at];
-        if (++lx == W) {
-          lx = 0;
-          at += R - (W - 1);
-        } else {
-          ++at;
-        }
-      }
+      const float* from = table + relative_position_index(0, s, a.grid_h, W);
+      for (int64_t l = 0; l < L; l += W, from += R)
+        for (int64_t j = 0; j < std::min(W, L - l); ++j) row[l + j] = from[j];
       std::fill(row + L, row + Lp, 0.0f);
     }
   });

@@ -25,6 +25,8 @@
 //      whenever any of its 16-32 rows found a new max, i.e. in most blocks up to T ~ 1000; the
 //      lazy reference gained 0.9-1.3 points of the FMA probe on AVX2 at T = 512 and 4096 and
 //      was within noise on AVX-512 (Zen 4; benchmarks/results/, *-zen4-attention-core-s18).
+//      Where all keys are one block (Swin's windows, T <= 32 at d = 64) O is final after it:
+//      the tile stores O / l into the output rows, never O into scratch.
 // At head_dim = v_head_dim = 64 a (row block, key block) step is 2 x 2048 FMAs against 64 vector
 // exps of ~14 ops, 7-9 of them on the FMA pipes: ~11-14% extra FMA-pipe work (SoftmaxExpF32:
 // as 2^y on AVX2, 7, which made the AVX2 core 0.5-3% faster on Zen 4, T = 128 to 4096 and
@@ -233,6 +235,23 @@ struct BlockCtx {
   size_t rb;           // lane stride of qt and scores: kRowVecs N
   size_t dv_pad;
   bool o_live;         // O holds this row block's sums (false before its first P.V)
+  // The tile's output rows of this block when the tile's only key block writes them (direct_out
+  // in Panel): P.V then stores O / l there, not O into scratch. Null otherwise.
+  float* out;
+};
+
+// The additive term of a tile whose only terms are the key-major bias and region ids, which
+// ScoreGroup adds to the scores itself, in FillAdditive's order (bias, then penalty), instead
+// of a pass that writes them into `scores` first: that pass was ~10% of the AVX2 core's time at
+// 7 x 7 windows (perf, Zen 4). Rows past the block's valid rows get finite terms, not -inf:
+// their scores are never stored.
+template <size_t RV>
+struct InlineAdditive {
+  const float* bias = nullptr;  // key_major_bias at (key s0, row r0), or null
+  size_t bias_stride = 0;
+  const int32_t* key_region = nullptr;  // region ids from key s0 on, or null
+  hn::Vec<DI> row_region[RV];           // region ids of the block's rows
+  VF penalty;
 };
 
 // Scores of keys j0 .. j0 + KEYS - 1 (all of them in the block) of the key block starting at s0
@@ -242,7 +261,7 @@ struct BlockCtx {
 // are thrown away).
 template <size_t RV, size_t KEYS = kScoreKeys>
 HWY_INLINE void ScoreGroup(DF d, const BlockCtx& c, int64_t s0, size_t j0, bool masked,
-                           bool causal_cut, VF* bm) {
+                           const InlineAdditive<RV>* add, bool causal_cut, VF* bm) {
   const FlashAttentionTile& t = *c.t;
   const size_t N = hn::Lanes(d);
   const size_t D = static_cast<size_t>(t.head_dim);
@@ -268,6 +287,17 @@ HWY_INLINE void ScoreGroup(DF d, const BlockCtx& c, int64_t s0, size_t j0, bool 
     for (size_t rv = 0; rv < RV; ++rv) {
       VF v = acc[rv][jj];
       if (masked) v = hn::Add(v, hn::Load(d, row + rv * N));
+      if (add) {
+        VF a = hn::Zero(d);
+        if (add->bias) a = hn::Add(a, hn::LoadU(d, add->bias + j * add->bias_stride + rv * N));
+        if (add->key_region) {
+          const DI di;
+          const auto differ = hn::RebindMask(
+              d, hn::Ne(add->row_region[rv], hn::Set(di, add->key_region[j])));
+          a = hn::Add(a, hn::IfThenElseZero(differ, add->penalty));
+        }
+        v = hn::Add(v, a);
+      }
       if (causal_cut) {
         // Lane i is row r0 + rv N + i, which sees key s iff s <= q_pos0 + row, i.e. from lane
         // s - q_pos0 - r0 - rv N on; clamped to [-1, N] so the float compare is exact.
@@ -306,6 +336,17 @@ HWY_INLINE void PvTile(DF d, const BlockCtx& c, size_t r, size_t c0, size_t nk, 
       const VF pb = hn::Set(d, p[i]);
       for (size_t v = 0; v < NV; ++v) acc[i][v] = hn::MulAdd(pb, vv[v], acc[i][v]);
     }
+  }
+  if (c.out) {
+    // The final rows: out = O / l as Panel's last loop computes it (zeros where l == 0).
+    for (size_t i = 0; i < ROWS && r + i < c.nr; ++i) {
+      float* HWY_RESTRICT dst = c.out + (r + i) * static_cast<size_t>(c.t->out_stride) + c0 * N;
+      const float li = c.l[r + i];
+      const VF inv = hn::Set(d, li == 0.0f ? 0.0f : 1.0f / li);
+      for (size_t v = 0; v < NV; ++v)
+        hn::StoreU(li == 0.0f ? hn::Zero(d) : hn::Mul(acc[i][v], inv), d, dst + v * N);
+    }
+    return;
   }
   for (size_t i = 0; i < ROWS; ++i)
     for (size_t v = 0; v < NV; ++v) hn::Store(acc[i][v], d, o + i * c.dv_pad + v * N);
@@ -427,9 +468,33 @@ template <size_t RV>
 bool RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
   const FlashAttentionTile& t = *c.t;
   const size_t N = hn::Lanes(d);
-  const bool masked = t.mask != nullptr || t.rel_table != nullptr || t.region != nullptr ||
-                      t.key_major_bias != nullptr;
+  // A mask or a bias table: FillAdditive writes every term first. Only a key-major bias and
+  // region ids: the score groups add them (InlineAdditive).
+  const bool masked = t.mask != nullptr || t.rel_table != nullptr;
   if (masked && !FillAdditive<RV>(d, c, s0, nk)) return false;
+  InlineAdditive<RV> inline_add;
+  const bool has_inline = !masked && (t.key_major_bias != nullptr || t.region != nullptr);
+  if (has_inline) {
+    if (t.key_major_bias) {
+      inline_add.bias = t.key_major_bias + s0 * t.key_major_stride + c.r0;
+      inline_add.bias_stride = static_cast<size_t>(t.key_major_stride);
+    }
+    if (t.region) {
+      const DI di;
+      inline_add.key_region = t.region + s0;
+      inline_add.penalty = hn::Set(d, t.region_penalty);
+      // Lanes past the valid rows repeat the block's first row (valid memory).
+      for (size_t rv = 0; rv < RV; ++rv) {
+        HWY_ALIGN int32_t rq[hn::MaxLanes(DI())];
+        for (size_t i = 0; i < N; ++i) {
+          const size_t row = rv * N + i;
+          rq[i] = t.region[t.q_pos0 + c.r0 + static_cast<int64_t>(row < c.nr ? row : 0)];
+        }
+        inline_add.row_region[rv] = hn::Load(di, rq);
+      }
+    }
+  }
+  const InlineAdditive<RV>* add = has_inline ? &inline_add : nullptr;
   // Row r0 (the block's first) sees keys s <= q_pos0 + r0; a block ending there needs no cut.
   const bool causal_cut = t.causal && s0 + static_cast<int64_t>(nk) - 1 > t.q_pos0 + c.r0;
 
@@ -437,19 +502,19 @@ bool RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
   for (size_t rv = 0; rv < RV; ++rv) bm[rv] = hn::Set(d, kNegInf);
   size_t j0 = 0;
   for (; j0 + kScoreKeys <= nk; j0 += kScoreKeys)
-    ScoreGroup<RV>(d, c, s0, j0, masked, causal_cut, bm);
+    ScoreGroup<RV>(d, c, s0, j0, masked, add, causal_cut, bm);
   // The last keys: groups of 4, 2 and 1 (at most one of each; no key computed twice).
   if constexpr (kScoreKeys > 4) {
     if (j0 + 4 <= nk) {
-      ScoreGroup<RV, 4>(d, c, s0, j0, masked, causal_cut, bm);
+      ScoreGroup<RV, 4>(d, c, s0, j0, masked, add, causal_cut, bm);
       j0 += 4;
     }
   }
   if (j0 + 2 <= nk) {
-    ScoreGroup<RV, 2>(d, c, s0, j0, masked, causal_cut, bm);
+    ScoreGroup<RV, 2>(d, c, s0, j0, masked, add, causal_cut, bm);
     j0 += 2;
   }
-  if (j0 < nk) ScoreGroup<RV, 1>(d, c, s0, j0, masked, causal_cut, bm);
+  if (j0 < nk) ScoreGroup<RV, 1>(d, c, s0, j0, masked, add, causal_cut, bm);
 
   // The reference max moves to the block max only past m + kRescaleSlack (always from -inf;
   // a NaN block max never moves it). m_use replaces a reference of -inf (every score so far
@@ -488,6 +553,17 @@ bool RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
 
   const size_t dv_vecs = c.dv_pad / N;
   size_t c0 = 0;
+  if constexpr (kPvVecs == 3) {
+    // The last 4 vectors as 2 + 2, not 3 + 1 (v_head_dim 32 on AVX2): the 1-vector tile's 8
+    // broadcasts per 8 FMAs made it ~1.5x the cost per FMA of the 3-vector one; windows of
+    // 7 x 7 at head_dim 32 ran ~1% faster (bench_attention_kernel --windows, Zen 4).
+    if (dv_vecs % 3 == 1 && dv_vecs >= 4) {
+      for (; c0 + 4 < dv_vecs; c0 += 3) PvColumns<3>(d, c, c0, nk, rescale);
+      PvColumns<2>(d, c, c0, nk, rescale);
+      PvColumns<2>(d, c, c0 + 2, nk, rescale);
+      return true;
+    }
+  }
   for (; c0 + kPvVecs <= dv_vecs; c0 += kPvVecs) PvColumns<kPvVecs>(d, c, c0, nk, rescale);
   switch (dv_vecs - c0) {
     case 0:
@@ -638,6 +714,11 @@ void Panel(const FlashAttentionTile& t, const Layout& lay, int64_t p0, int64_t n
   const bool contiguous = t.k_stride == t.head_dim && t.v_stride == t.v_head_dim;
   const bool in_place = (one_block || contiguous) && Dv % N == 0;
   const int64_t key_block = one_block ? t.kv_len : KeyBlockKeys(D, dv_pad, rb);
+  // One key block: its P.V is final, and writes O / l into the output rows itself (whole
+  // vectors of them only), rather than O into scratch for the loop at the end to read back: that
+  // loop was ~5% of the AVX2 core's time at 7 x 7 windows (perf, Zen 4).
+  const bool direct_out = one_block && Dv % N == 0;
+  bool written[cpu::flash_detail::kPanelRows] = {};
 
   BlockCtx c;
   c.t = &t;
@@ -682,6 +763,7 @@ void Panel(const FlashAttentionTile& t, const Layout& lay, int64_t p0, int64_t n
       c.m = m + b * rb;
       c.l = l + b * rb;
       c.o_live = o_live[b];
+      c.out = direct_out ? t.out + c.r0 * t.out_stride : nullptr;
       // A short last block works on as many row vectors as it has rows for.
       bool ran = false;
       switch ((c.nr + N - 1) / N) {
@@ -699,12 +781,14 @@ void Panel(const FlashAttentionTile& t, const Layout& lay, int64_t p0, int64_t n
           break;
       }
       o_live[b] = o_live[b] || ran;
+      written[b] = direct_out && ran;
     }
   }
 
   // out = O / l. l == 0 exactly when no key was visible (every weight an exact 0): zeros. A NaN
   // l gives a NaN row.
   for (int64_t r = 0; r < np; ++r) {
+    if (written[static_cast<size_t>(r) / rb]) continue;
     float* HWY_RESTRICT out = t.out + (p0 + r) * t.out_stride;
     const float lr = l[r];
     if (lr == 0.0f) {
