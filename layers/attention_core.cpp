@@ -41,11 +41,14 @@ int64_t tile_scores_floats(int64_t rows, int64_t kv_len) {
 // call. Every window of a batch of windows (Swin) shares it, so its per-key table gathers
 // (one 16-lane gather per key and row vector: a quarter of the kernel's time at 7 x 7 windows,
 // perf on Zen 5) become loads. Kept to 4 MiB: beyond that (windows of 24 x 24 and more) the
-// kernel looks the table up itself.
+// kernel looks the table up itself. A query tile that does not start at a multiple of
+// kKeyMajorRowAlign (L = 49 split in tiles of 24 for too few heads) reads its padded rows on
+// into the next key's row, and past the last key's by up to kKeyMajorRowAlign - 1 floats: a
+// zeroed tail of that many keeps those reads inside the buffer.
 int64_t key_major_bias_floats(const AttentionArgs& a) {
   if (a.grid_h <= 0) return 0;
   const int64_t floats = a.heads * a.kv_len * key_major_rows(a.q_len);
-  return floats <= (int64_t{1} << 20) ? floats : 0;
+  return floats <= (int64_t{1} << 20) ? floats + kKeyMajorRowAlign : 0;
 }
 
 // bias[h][s][l] = rel_table[h][relative_position_index(l, s)] for l < L; the row padding is 0.
@@ -67,6 +70,7 @@ void build_key_major_bias(const AttentionArgs& a, float* bias) {
       std::fill(row + L, row + Lp, 0.0f);
     }
   });
+  std::fill_n(bias + a.heads * S * Lp, kKeyMajorRowAlign, 0.0f);
 }
 
 // need_weights=false and no dropout, with a fused kernel: the flash path.
