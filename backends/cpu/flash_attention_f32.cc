@@ -254,6 +254,27 @@ struct InlineAdditive {
   VF penalty;
 };
 
+// Region ids of the block's rows rv N .. rv N + N - 1 (t.region set; lanes past the valid rows
+// repeat the vector's first row: valid memory).
+HWY_INLINE hn::Vec<DI> RowRegions(const BlockCtx& c, size_t rv) {
+  const DI di;
+  const size_t N = hn::Lanes(di);
+  const size_t first = rv * N;
+  const size_t lanes = c.nr > first ? std::min(N, c.nr - first) : 0;
+  const int32_t* HWY_RESTRICT region = c.t->region + c.t->q_pos0 + c.r0 + first;
+  HWY_ALIGN int32_t rq[hn::MaxLanes(DI())];
+  for (size_t i = 0; i < N; ++i) rq[i] = region[i < lanes ? i : 0];
+  return hn::Load(di, rq);
+}
+
+// term + penalty in the lanes whose row's region differs from the key's.
+HWY_INLINE VF AddRegionPenalty(DF d, VF term, hn::Vec<DI> row_regions, int32_t key_region,
+                               VF penalty) {
+  const DI di;
+  const auto differ = hn::RebindMask(d, hn::Ne(row_regions, hn::Set(di, key_region)));
+  return hn::Add(term, hn::IfThenElseZero(differ, penalty));
+}
+
 // Scores of keys j0 .. j0 + KEYS - 1 (all of them in the block) of the key block starting at s0
 // for the RV row vectors of the block. Adds the mask already transposed into `scores`,
 // applies the causal cut, and folds the result into the running block max bm[]. KEYS is
@@ -290,12 +311,8 @@ HWY_INLINE void ScoreGroup(DF d, const BlockCtx& c, int64_t s0, size_t j0, bool 
       if (add) {
         VF a = hn::Zero(d);
         if (add->bias) a = hn::Add(a, hn::LoadU(d, add->bias + j * add->bias_stride + rv * N));
-        if (add->key_region) {
-          const DI di;
-          const auto differ = hn::RebindMask(
-              d, hn::Ne(add->row_region[rv], hn::Set(di, add->key_region[j])));
-          a = hn::Add(a, hn::IfThenElseZero(differ, add->penalty));
-        }
+        if (add->key_region)
+          a = AddRegionPenalty(d, a, add->row_region[rv], add->key_region[j], add->penalty);
         v = hn::Add(v, a);
       }
       if (causal_cut) {
@@ -342,9 +359,12 @@ HWY_INLINE void PvTile(DF d, const BlockCtx& c, size_t r, size_t c0, size_t nk, 
     for (size_t i = 0; i < ROWS && r + i < c.nr; ++i) {
       float* HWY_RESTRICT dst = c.out + (r + i) * static_cast<size_t>(c.t->out_stride) + c0 * N;
       const float li = c.l[r + i];
-      const VF inv = hn::Set(d, li == 0.0f ? 0.0f : 1.0f / li);
-      for (size_t v = 0; v < NV; ++v)
-        hn::StoreU(li == 0.0f ? hn::Zero(d) : hn::Mul(acc[i][v], inv), d, dst + v * N);
+      if (li == 0.0f) {
+        for (size_t v = 0; v < NV; ++v) hn::StoreU(hn::Zero(d), d, dst + v * N);
+        continue;
+      }
+      const VF inv = hn::Set(d, 1.0f / li);
+      for (size_t v = 0; v < NV; ++v) hn::StoreU(hn::Mul(acc[i][v], inv), d, dst + v * N);
     }
     return;
   }
@@ -414,12 +434,7 @@ HWY_INLINE bool FillAdditive(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
         qb[i] = static_cast<int32_t>(qbase(q_first + static_cast<int64_t>(i < lanes ? i : 0)));
     const auto qbv = hn::Load(di, qb);
     const float* row_bias = bias_row ? t.rel_table + qbase(q_first) : nullptr;
-    // Region ids of this vector's queries (invalid lanes repeat lane 0's: valid memory).
-    HWY_ALIGN int32_t rq[hn::MaxLanes(DI())] = {};
-    if (t.region)
-      for (size_t i = 0; i < N; ++i)
-        rq[i] = t.region[q_first + static_cast<int64_t>(i < lanes ? i : 0)];
-    const auto rqv = hn::Load(di, rq);
+    const auto rqv = t.region ? RowRegions(c, rv) : hn::Zero(di);
     const VF penalty = hn::Set(d, t.region_penalty);
 
     for (size_t j = 0; j < nk; ++j) {
@@ -449,11 +464,8 @@ HWY_INLINE bool FillAdditive(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
           buf[i] = t.rel_table[qbase(q_first + static_cast<int64_t>(i < lanes ? i : 0)) - koff[j]];
         v = hn::Add(v, hn::Load(d, buf));
       }
-      if (t.region) {
-        const int32_t rk = t.region[s0 + static_cast<int64_t>(j)];
-        const auto differ = hn::RebindMask(d, hn::Ne(rqv, hn::Set(di, rk)));
-        v = hn::Add(v, hn::IfThenElseZero(differ, penalty));
-      }
+      if (t.region)
+        v = AddRegionPenalty(d, v, rqv, t.region[s0 + static_cast<int64_t>(j)], penalty);
       v = hn::IfThenElse(valid, v, neg_inf);
       visible = hn::Or(visible, hn::Ne(v, neg_inf));
       hn::Store(v, d, c.scores + j * c.rb + first);
@@ -480,18 +492,9 @@ bool RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
       inline_add.bias_stride = static_cast<size_t>(t.key_major_stride);
     }
     if (t.region) {
-      const DI di;
       inline_add.key_region = t.region + s0;
       inline_add.penalty = hn::Set(d, t.region_penalty);
-      // Lanes past the valid rows repeat the block's first row (valid memory).
-      for (size_t rv = 0; rv < RV; ++rv) {
-        HWY_ALIGN int32_t rq[hn::MaxLanes(DI())];
-        for (size_t i = 0; i < N; ++i) {
-          const size_t row = rv * N + i;
-          rq[i] = t.region[t.q_pos0 + c.r0 + static_cast<int64_t>(row < c.nr ? row : 0)];
-        }
-        inline_add.row_region[rv] = hn::Load(di, rq);
-      }
+      for (size_t rv = 0; rv < RV; ++rv) inline_add.row_region[rv] = RowRegions(c, rv);
     }
   }
   const InlineAdditive<RV>* add = has_inline ? &inline_add : nullptr;
@@ -718,7 +721,6 @@ void Panel(const FlashAttentionTile& t, const Layout& lay, int64_t p0, int64_t n
   // vectors of them only), rather than O into scratch for the loop at the end to read back: that
   // loop was ~5% of the AVX2 core's time at 7 x 7 windows (perf, Zen 4).
   const bool direct_out = one_block && Dv % N == 0;
-  bool written[cpu::flash_detail::kPanelRows] = {};
 
   BlockCtx c;
   c.t = &t;
@@ -781,14 +783,13 @@ void Panel(const FlashAttentionTile& t, const Layout& lay, int64_t p0, int64_t n
           break;
       }
       o_live[b] = o_live[b] || ran;
-      written[b] = direct_out && ran;
     }
   }
 
   // out = O / l. l == 0 exactly when no key was visible (every weight an exact 0): zeros. A NaN
   // l gives a NaN row.
   for (int64_t r = 0; r < np; ++r) {
-    if (written[static_cast<size_t>(r) / rb]) continue;
+    if (direct_out && o_live[static_cast<size_t>(r) / rb]) continue;  // written by P.V
     float* HWY_RESTRICT out = t.out + (p0 + r) * t.out_stride;
     const float lr = l[r];
     if (lr == 0.0f) {
