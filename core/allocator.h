@@ -28,6 +28,13 @@ Allocator& host_allocator();
 // Its large blocks come from mmap, not malloc: tests/allocation_counter.h counts them by this.
 uint64_t host_allocation_count();
 
+// mmap(nullptr, bytes, prot, flags, fd, 0) at a 2 MiB-aligned address, advised MADV_HUGEPAGE:
+// anonymous memory may then be backed by transparent huge pages (madvise-only here), and a file
+// the page cache holds in 2 MiB folios is mapped one page-table entry per folio. Returns
+// MAP_FAILED (errno set) on failure. Where no aligned range can be reserved, an unaligned
+// mapping. Unmap with munmap(p, bytes).
+void* map_huge_page_aligned(size_t bytes, int prot, int flags, int fd);
+
 // Drops this process's resident pages wholly inside [p, p + bytes) (MADV_DONTNEED), which must
 // lie in a private read-only file mapping (Tensor::file_mapped()): the pages stay in the page
 // cache and are mapped again if touched. For a checkpoint's tensor whose values were copied

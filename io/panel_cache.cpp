@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "core/allocator.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
 
@@ -72,36 +73,6 @@ bool get_i64(const nlohmann::json& j, const char* name, int64_t* out) {
   return true;
 }
 
-// The file read-only at a 2 MiB-aligned address, advised for huge pages (MAP_FAILED on failure,
-// errno set). Where the page cache holds the file in 2 MiB folios (filesystems with large
-// folios, ext4 among them; a read-ahead into a mapping advised so makes them) each is mapped by
-// one page-table entry: the MADV_POPULATE_READ of open() then fills 44 entries for the gpt recipe's
-// 88 MiB, not 22,500 (0.05-0.1 ms against 7.5-22 ms: the bulk of that model's one-thread load,
-// Zen 4 guest), and the first run's reads of the panels take no 4 KiB TLB misses.
-void* map_huge_aligned(int fd, size_t size) {
-  constexpr size_t kHugePage = size_t{2} << 20;
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  const size_t span = (size + page - 1) / page * page;
-  void* area = ::mmap(nullptr, span + kHugePage, PROT_NONE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (area == MAP_FAILED) return ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  const uintptr_t base = reinterpret_cast<uintptr_t>(area);
-  const uintptr_t aligned = (base + kHugePage - 1) / kHugePage * kHugePage;
-  void* map = ::mmap(reinterpret_cast<void*>(aligned), size, PROT_READ, MAP_PRIVATE | MAP_FIXED,
-                     fd, 0);
-  if (map == MAP_FAILED) {
-    const int err = errno;
-    ::munmap(area, span + kHugePage);
-    errno = err;
-    return MAP_FAILED;
-  }
-  if (aligned > base) ::munmap(area, aligned - base);
-  const uintptr_t end = aligned + span, area_end = base + span + kHugePage;
-  if (area_end > end) ::munmap(reinterpret_cast<void*>(end), area_end - end);
-  ::madvise(map, size, MADV_HUGEPAGE);  // advisory: without it, 4 KiB entries
-  return map;
-}
-
 }  // namespace
 
 struct PanelCacheFile::Mapping {
@@ -146,7 +117,12 @@ std::optional<PanelCacheFile> PanelCacheFile::open(const std::string& path,
     ::close(fd);
     return miss("malformed: " + std::to_string(size) + " bytes, shorter than its 16-byte prefix");
   }
-  void* map = map_huge_aligned(fd, size);
+  // 2 MiB-aligned, advised for huge pages: where the page cache holds the file in 2 MiB folios
+  // (filesystems with large folios, ext4 among them; a read-ahead into a mapping advised so
+  // makes them), the MADV_POPULATE_READ below fills 44 page-table entries for the gpt recipe's
+  // 88 MiB, not 22,500 (0.05-0.1 ms against 7.5-22 ms: the bulk of that model's one-thread
+  // load, Zen 4 guest), and the first run's reads of the panels take no 4 KiB TLB misses.
+  void* map = map_huge_page_aligned(size, PROT_READ, MAP_PRIVATE, fd);
   const int err = errno;
   ::close(fd);
   if (map == MAP_FAILED) return miss(std::string("cannot map: ") + std::strerror(err));
