@@ -34,12 +34,19 @@ int num_threads() {
   return n > 0 ? n : hardware_threads();
 }
 
+namespace {
+thread_local int serial_depth = 0;
+}  // namespace
+
+SerialScope::SerialScope() { ++serial_depth; }
+SerialScope::~SerialScope() { --serial_depth; }
+
 void parallel_for(int64_t begin, int64_t end, int64_t grain,
                   FunctionRef<void(int64_t, int64_t)> fn) {
   if (end <= begin) return;
   grain = std::max<int64_t>(grain, 1);
   const int threads = num_threads();
-  if (threads == 1 || end - begin <= grain) {
+  if (threads == 1 || serial_depth > 0 || end - begin <= grain) {
     fn(begin, end);
     return;
   }
@@ -65,7 +72,7 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain,
 
 void parallel_for_each(int64_t begin, int64_t end, FunctionRef<void(int64_t, int64_t)> fn) {
   if (end <= begin) return;
-  if (num_threads() == 1 || end - begin == 1) {
+  if (num_threads() == 1 || serial_depth > 0 || end - begin == 1) {
     fn(begin, end);
     return;
   }

@@ -27,4 +27,16 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain,
 // T = 4096 (128 tiles of 3.4 ms, 4 per chunk) a 13.6 ms chunk in a 124 ms loop on two threads.
 void parallel_for_each(int64_t begin, int64_t end, FunctionRef<void(int64_t, int64_t)> fn);
 
+// While one lives, parallel_for and parallel_for_each called on this thread run inline, as one
+// chunk: for work a caller has already split across the threads at a coarser grain (Swin's
+// groups of windows, each taken by one thread from its projection to its scatter, so that what
+// one op writes the next reads from that core's L2). Nests.
+class SerialScope {
+ public:
+  SerialScope();
+  ~SerialScope();
+  SerialScope(const SerialScope&) = delete;
+  SerialScope& operator=(const SerialScope&) = delete;
+};
+
 }  // namespace tessera

@@ -158,7 +158,7 @@ void attention_fused_f32(const KernelTable& k, AttentionArgs a, const AttentionS
     a.v_row_stride = a.v_head_dim;
   }
   const bool key_major = a.rel_table != nullptr && scratch.key_major_bias != nullptr;
-  if (key_major) build_key_major_bias(a, scratch.key_major_bias);
+  if (key_major && !a.prepared) build_key_major_bias(a, scratch.key_major_bias);
   const int64_t key_major_stride = key_major_rows(L);
   // Keep at least ~4 tasks per thread so causal work (uneven per tile) balances.
   const int64_t heads_total = a.batch * a.heads;
@@ -372,6 +372,14 @@ AttentionScratch attention_scratch(const Device& device, const AttentionArgs& a,
   const int64_t floats = bias ? 2 * tile_floats : (averaged || !a.need_weights ? tile_floats : 0);
   s.tiles = WorkerScratch(ws, sizeof(float) * static_cast<size_t>(floats), threads);
   return s;
+}
+
+void attention_prepare_f32(const Device& device, const AttentionArgs& a,
+                           const AttentionScratch& scratch) {
+  if (a.batch <= 0 || a.heads <= 0 || a.q_len <= 0) return;
+  if (fused_path(device.kernels(), a) && a.rel_table != nullptr &&
+      scratch.key_major_bias != nullptr)
+    build_key_major_bias(a, scratch.key_major_bias);
 }
 
 void attention_forward_f32(const Device& device, const AttentionArgs& a,

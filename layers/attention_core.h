@@ -69,6 +69,9 @@ struct AttentionArgs {
   uint64_t dropout_seed = 0;
   // Whether `weights` is written: set it when sizing the scratch, before weights has a home.
   bool need_weights = false;
+  // attention_prepare_f32 has built this call's relative-position state into the scratch (for
+  // the same heads, table and q_len): the forward reads it as built instead of building it.
+  bool prepared = false;
 };
 
 // The scratch attention_forward_f32 works in: on the fused path a head-major copy of K and V,
@@ -83,6 +86,13 @@ struct AttentionScratch {
 // pointers may be null): run over a counting Workspace it sizes the scratch, over the plan's
 // it hands it out. One tile per thread of the current thread count.
 AttentionScratch attention_scratch(const Device& device, const AttentionArgs& args, Workspace& ws);
+
+// Builds what attention_forward_f32 otherwise builds from args' relative-position table at the
+// start of every call (the fused path's key-major bias) into `scratch`, for a caller that runs
+// the core over parts of one batch with one table (Swin's groups of windows) and sets
+// args.prepared on those calls. Allocates nothing.
+void attention_prepare_f32(const Device& device, const AttentionArgs& args,
+                           const AttentionScratch& scratch);
 
 // Validates nothing (layers do); splits (batch, head, query tile) over the worker threads.
 // `scratch`: attention_scratch() of the same args. Allocates nothing.

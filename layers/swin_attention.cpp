@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/cpu/cpu_device.h"
+#include "backends/cpu/cpu_kernels.h"
 #include "core/attention_tile.h"
 #include "core/parallel.h"
 #include "core/random.h"
@@ -112,13 +113,51 @@ AttentionArgs core_args(const SwinOptions& o, const SwinGeometry& g) {
   return a;
 }
 
+// Windows per group. The forward takes the windows a group at a time, gather to scatter, so
+// that the core reads the group's q, k and v from L2 where its projection just wrote them: over
+// all of stage 1's windows at once (3.6 MB of qkv at 56 x 56 x 96) the core found them in memory,
+// its strided rows a few lines in flight at a time, and took 1.4-1.6 ms against 1.0 warm
+// (swin_t, AVX2, one thread, Zen 4). A group is a divisor of an image's windows (groups never
+// straddle images) whose gathered tokens, qkv and proj input fit half the L2. Every group reads
+// the layer's weights again, so only where they (4 C^2 floats) also fit half the L2 (Swin-T's
+// first stage: 147 KiB); otherwise one group of every window of every image.
+int64_t windows_per_group(const SwinGeometry& g) {
+  const int64_t all = g.B * g.windows;
+  const int64_t half_l2 = static_cast<int64_t>(cpu::l2_cache_bytes() / 2);
+  const int64_t window_bytes = g.N * 5 * g.C * static_cast<int64_t>(sizeof(float));
+  if (g.C > half_l2 || 4 * g.C * g.C * static_cast<int64_t>(sizeof(float)) > half_l2 ||
+      all * window_bytes <= half_l2)
+    return all;
+  int64_t group = 1;
+  for (int64_t d = 2; d <= g.windows; ++d)
+    if (g.windows % d == 0 && d * window_bytes <= half_l2) group = d;
+  return group;
+}
+
+// One group's buffers, per worker, as offsets in floats from the start of its slot, each on a
+// 64-byte line; `floats` is the slot's size. rows = windows_per_group * N.
+//   tokens [rows, C] at 0: the gathered windows, reused for the proj output
+//   qkv [rows, 3C], ctx [rows, C] (the proj input), linear: the projections' packed input
+struct GroupLayout {
+  int64_t qkv = 0, ctx = 0, linear = 0, floats = 0;
+};
+GroupLayout group_layout(const SwinGeometry& g, int64_t rows) {
+  const Device& device = cpu_device();
+  const auto line = [](int64_t floats) { return (floats + 15) / 16 * 16; };
+  const int64_t C = g.C;
+  GroupLayout l;
+  l.qkv = line(rows * C);
+  l.ctx = l.qkv + line(rows * 3 * C);
+  l.linear = l.ctx + line(rows * C);
+  l.floats = l.linear + line(std::max(linear_workspace_floats(device, rows, C, 3 * C),
+                                      linear_workspace_floats(device, rows, C, C)));
+  return l;
+}
+
 struct SwinScratch {
-  float* tokens = nullptr;   // the gathered windows [tokens, C]; reused for the proj output
-  float* qkv = nullptr;      // [tokens, 3C]
-  float* ctx = nullptr;      // the proj input [tokens, C]
-  float* table = nullptr;    // the bias table transposed, one row per head
-  int32_t* region = nullptr; // [windows, N] region ids when masked
-  float* linear = nullptr;   // the projections' packed input, one at a time
+  float* table = nullptr;     // the bias table transposed, one row per head
+  int32_t* region = nullptr;  // [windows, N] region ids when masked
+  WorkerScratch groups;       // a GroupLayout slot per worker
   AttentionScratch core;
 };
 
@@ -128,14 +167,13 @@ SwinScratch layout_scratch(const SwinOptions& o, const SwinGeometry& g, const At
   SwinScratch s;
   if (g.tokens == 0) return s;
   const Device& device = cpu_device();
-  const int64_t C = g.C;
-  s.tokens = ws.take<float>(g.tokens * C);
-  s.qkv = ws.take<float>(g.tokens * 3 * C);
-  s.ctx = ws.take<float>(g.tokens * C);
   s.table = ws.take<float>(table_rows(o) * o.heads);
   if (g.masked) s.region = ws.take<int32_t>(g.windows * g.N);
-  s.linear = ws.take<float>(std::max(linear_workspace_floats(device, g.tokens, C, 3 * C),
-                                     linear_workspace_floats(device, g.tokens, C, C)));
+  const int64_t per_group = windows_per_group(g);
+  const int64_t groups = g.B * g.windows / per_group;
+  s.groups = WorkerScratch(
+      ws, sizeof(float) * static_cast<size_t>(group_layout(g, per_group * g.N).floats),
+      static_cast<int>(std::min<int64_t>(groups, num_threads())));
   s.core = attention_scratch(device, args, ws);
   return s;
 }
@@ -146,44 +184,49 @@ size_t workspace_bytes(const SwinOptions& o, const SwinGeometry& g) {
   return counter.peak();
 }
 
-// Token (window (wy, wx) of image b, position (i, j) in it) -> its row in the gathered buffer.
+// Token (window (wy, wx) of image b, position (i, j) in it) -> its row in the gathered order.
 // Gathered row r holds padded-and-rolled map cell (Y, X) = (wy*Wh + i, wx*Ww + j), which is
-// padded map cell ((Y + sh) % pad_h, (X + sw) % pad_w) (torch.roll by -shift).
-void gather_windows(const SwinOptions& o, const SwinGeometry& g, const float* x, float* tokens) {
-  const int64_t C = g.C, rows_per_image = g.pad_h * g.pad_w;
+// padded map cell ((Y + sh) % pad_h, (X + sw) % pad_w) (torch.roll by -shift): returns that
+// cell's offset in x's [B, H, W] cells, or -1 for a padding cell (outside H x W).
+int64_t token_cell(const SwinOptions& o, const SwinGeometry& g, int64_t r) {
+  const int64_t rows_per_image = g.pad_h * g.pad_w;
+  const int64_t b = r / rows_per_image, rest = r % rows_per_image;
+  const int64_t w = rest / g.N, t = rest % g.N;
+  const int64_t Y = (w / g.windows_w) * o.window_h + t / o.window_w;
+  const int64_t X = (w % g.windows_w) * o.window_w + t % o.window_w;
+  const int64_t y = (Y + g.shift_h % g.pad_h) % g.pad_h;
+  const int64_t x = (X + g.shift_w % g.pad_w) % g.pad_w;
+  return y < g.H && x < g.W ? (b * g.H + y) * g.W + x : -1;
+}
+
+// Pad + roll + partition: gathered rows r0 .. r0 + rows - 1 into tokens [rows, C].
+void gather_windows(const SwinOptions& o, const SwinGeometry& g, const float* x, int64_t r0,
+                    int64_t rows, float* tokens) {
+  const int64_t C = g.C;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1));
-  parallel_for(0, g.tokens, grain, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t b = r / rows_per_image, rest = r % rows_per_image;
-      const int64_t w = rest / g.N, t = rest % g.N;
-      const int64_t Y = (w / g.windows_w) * o.window_h + t / o.window_w;
-      const int64_t X = (w % g.windows_w) * o.window_w + t % o.window_w;
-      const int64_t y = (Y + g.shift_h % g.pad_h) % g.pad_h;
-      const int64_t xx = (X + g.shift_w % g.pad_w) % g.pad_w;
-      float* dst = tokens + r * C;
-      if (y < g.H && xx < g.W)
-        std::memcpy(dst, x + ((b * g.H + y) * g.W + xx) * C,
-                    static_cast<size_t>(C) * sizeof(float));
+  parallel_for(0, rows, grain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t cell = token_cell(o, g, r0 + i);
+      float* dst = tokens + i * C;
+      if (cell >= 0)
+        std::memcpy(dst, x + cell * C, static_cast<size_t>(C) * sizeof(float));
       else
         std::memset(dst, 0, static_cast<size_t>(C) * sizeof(float));
     }
   });
 }
 
-// The inverse of gather_windows for the cells inside H x W: output cell (y, x) of image b is the
-// token gathered from it (reverse windows, roll by +shift, crop).
-void scatter_windows(const SwinOptions& o, const SwinGeometry& g, const float* tokens, float* out) {
-  const int64_t C = g.C, cells = g.B * g.H * g.W;
+// The inverse for the same rows (reverse windows, roll back by +shift, crop): each token into
+// its cell, padding dropped. token_cell is one to one, so the groups' rows cover the output.
+void scatter_windows(const SwinOptions& o, const SwinGeometry& g, const float* tokens, int64_t r0,
+                     int64_t rows, float* out) {
+  const int64_t C = g.C;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1));
-  parallel_for(0, cells, grain, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t b = c / (g.H * g.W), y = (c / g.W) % g.H, x = c % g.W;
-      const int64_t Y = (y + g.pad_h - g.shift_h % g.pad_h) % g.pad_h;
-      const int64_t X = (x + g.pad_w - g.shift_w % g.pad_w) % g.pad_w;
-      const int64_t w = (Y / o.window_h) * g.windows_w + X / o.window_w;
-      const int64_t t = (Y % o.window_h) * o.window_w + X % o.window_w;
-      std::memcpy(out + c * C, tokens + ((b * g.windows + w) * g.N + t) * C,
-                  static_cast<size_t>(C) * sizeof(float));
+  parallel_for(0, rows, grain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t cell = token_cell(o, g, r0 + i);
+      if (cell >= 0)
+        std::memcpy(out + cell * C, tokens + i * C, static_cast<size_t>(C) * sizeof(float));
     }
   });
 }
@@ -221,18 +264,9 @@ class SwinAttentionLayer : public OpLayer {
     AttentionArgs a = core_args(o_, g);
     const SwinScratch s = layout_scratch(o_, g, a, ws);
 
-    // 1. pad + roll + partition into [B * windows * N, C] rows.
-    gather_windows(o_, g, x.data<float>(), s.tokens);
-
-    // 2. q | k | v = tokens qkv.weight^T + qkv.bias: one [tokens, C] x [C, 3C] GEMM.
-    linear_forward_f32(device, g.tokens, C, C3, s.tokens, C,
-                       params_.projection("qkv.weight"),
-                       o_.qkv_bias ? params_.tensor("qkv.bias").data<float>() : nullptr, s.qkv,
-                       C3, s.linear);
-
-    // 3. The bias table [(2Wh-1)(2Ww-1), heads] transposed to one row per head, and the region
+    // 1. The bias table [(2Wh-1)(2Ww-1), heads] transposed to one row per head, and the region
     //    id of every token of every window (on the padded map, before the roll back: the mask is
-    //    labelled on the rolled map's coordinates).
+    //    labelled on the rolled map's coordinates). What the core builds from them, once.
     const float* tab = params_.tensor(kTable).data<float>();
     const int64_t entries = a.rel_head_stride;
     for (int64_t i = 0; i < entries; ++i)
@@ -249,19 +283,54 @@ class SwinAttentionLayer : public OpLayer {
         }
       a.region = s.region;
     }
+    attention_prepare_f32(device, a, s.core);
+    a.prepared = true;
 
-    // 4. Attention per window, written straight into the proj input.
-    a.q = s.qkv;
-    a.k = s.qkv + C;
-    a.v = s.qkv + 2 * C;
-    a.out = s.ctx;
-    attention_forward_f32(device, a, s.core);
-
-    // 5. proj into the (no longer needed) gathered buffer, then back into place.
-    linear_forward_f32(device, g.tokens, C, C, s.ctx, C, params_.projection("proj.weight"),
-                       o_.proj_bias ? params_.tensor("proj.bias").data<float>() : nullptr,
-                       s.tokens, C, s.linear);
-    scatter_windows(o_, g, s.tokens, out[0]->data<float>());
+    // 2. Per group of windows (windows_per_group), in the gathered order: gather its rows (pad +
+    //    roll + partition); q | k | v = tokens qkv.weight^T + qkv.bias, one [rows, C] x [C, 3C]
+    //    GEMM; attention per window, written straight into the proj input; proj into the (no
+    //    longer needed) gathered rows; scatter them back into place. A group runs on one thread
+    //    and the groups over the threads; one group of every window runs each op over them.
+    const int64_t per_group = windows_per_group(g), rows = per_group * g.N;
+    const int64_t groups = g.B * g.windows / per_group;
+    const GroupLayout lay = group_layout(g, rows);
+    const float* qkv_bias = o_.qkv_bias ? params_.tensor("qkv.bias").data<float>() : nullptr;
+    const float* proj_bias = o_.proj_bias ? params_.tensor("proj.bias").data<float>() : nullptr;
+    const auto run_group = [&](int64_t group) {
+      const WorkerScratch::Lease lease = s.groups.acquire();
+      float* tokens = lease.as<float>();
+      float* qkv = tokens + lay.qkv;
+      float* ctx = tokens + lay.ctx;
+      float* linear = tokens + lay.linear;
+      const int64_t w0 = group * per_group, r0 = w0 * g.N;
+      gather_windows(o_, g, x.data<float>(), r0, rows, tokens);
+      linear_forward_f32(device, rows, C, C3, tokens, C, params_.projection("qkv.weight"),
+                         qkv_bias, qkv, C3, linear);
+      AttentionArgs ga = a;
+      ga.batch = per_group;
+      ga.q = qkv;
+      ga.k = qkv + C;
+      ga.v = qkv + 2 * C;
+      ga.out = ctx;
+      if (g.masked) {
+        // Window b of the group is window (w0 + b) % windows of its image, and a group of
+        // fewer windows than an image holds divides it: its ids are one run.
+        ga.region = s.region + (w0 % g.windows) * g.N;
+        ga.region_groups = std::min(per_group, g.windows);
+      }
+      attention_forward_f32(device, ga, s.core);
+      linear_forward_f32(device, rows, C, C, ctx, C, params_.projection("proj.weight"),
+                         proj_bias, tokens, C, linear);
+      scatter_windows(o_, g, tokens, r0, rows, out[0]->data<float>());
+    };
+    if (groups == 1) {
+      run_group(0);
+      return;
+    }
+    parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+      const SerialScope serial;
+      for (int64_t group = g0; group < g1; ++group) run_group(group);
+    });
   }
 
  private:

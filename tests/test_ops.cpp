@@ -1693,6 +1693,9 @@ std::vector<OpCase> shifted_window_attention_cases() {
   add({1, 8, 8, 34}, 2, {4, 4}, {2, 2});                // head_dim 17
   add({1, 14, 14, 32}, 2, {7, 7}, {3, 3});              // Swin-T's 7x7 windows
   add({1, 14, 14, 64}, 2, {7, 7}, {0, 0});              // ... fused path, linear's packed kernel
+  // Swin-T's first stage, two images of 16 windows (2.9 MiB of qkv): the windows taken in groups
+  // of 2-8 per image wherever the L2 is 0.5-2 MiB (windows_per_group).
+  add({2, 28, 28, 96}, 3, {7, 7}, {3, 3});
   add({1, 8, 8, 8}, 2, {4, 4}, {5, 9});                 // shifts past the window and the map
   add({0, 4, 4, 8}, 2, {2, 2}, {1, 1});                 // empty batch
   add({2, 0, 4, 8}, 2, {2, 2}, {1, 1});                 // empty map
@@ -2820,6 +2823,8 @@ BOOST_AUTO_TEST_CASE(shifted_window_attention_results_do_not_depend_on_threads) 
       {"[2, 28, 21, 32]", R"({"dim": 32, "num_heads": 4, "window_size": 7, "shift_size": 3})"},
       {"[1, 9, 16, 32]", R"({"dim": 32, "num_heads": 4, "window_size": 7, "shift_size": 3})"},
       {"[2, 28, 21, 32]", R"({"dim": 32, "num_heads": 2, "window_size": [7, 8]})"},
+      // Groups of windows (windows_per_group), run by one thread each on two.
+      {"[2, 28, 28, 96]", R"({"dim": 96, "num_heads": 3, "window_size": 7, "shift_size": 3})"},
   };
   for (const auto& [shape_text, args] : cases) {
     const std::string shape = shape_text;

@@ -105,5 +105,13 @@ size_t l1d_cache_bytes() {
   return bytes;
 }
 
+size_t l2_cache_bytes() {
+  static const size_t bytes = [] {
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 >= (128 << 10) && l2 <= (64 << 20) ? static_cast<size_t>(l2) : size_t{512} << 10;
+  }();
+  return bytes;
+}
+
 }  // namespace cpu
 }  // namespace tessera

@@ -94,5 +94,8 @@ int64_t dispatched_target();
 // their L1-resident blocks from it (linear_f32's depth blocks, flash_attention's key
 // block).
 size_t l1d_cache_bytes();
+// Likewise the L2 (per core on the machines here), or 512 KiB where none or an implausible size
+// (outside 128 KiB .. 64 MiB) is reported.
+size_t l2_cache_bytes();
 
 }  // namespace tessera::cpu
