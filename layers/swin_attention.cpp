@@ -7,8 +7,9 @@
 // softmax(q k^T * head_dim^-0.5 + relative position bias [+ -100 between tokens of different
 // shift regions]) v; proj; reverse the windows, roll back, crop to H, W.
 //
-// Here: the windows are gathered (pad + roll + partition) into the workspace as [windows*N, C]
-// rows, projected with one linear_forward_f32, run through the one attention core
+// Here: the windows, a group of them at a time (windows_per_group: all of them unless the L2
+// holds a group and the weights), are gathered (pad + roll + partition) into the workspace as
+// [windows*N, C] rows, projected with one linear_forward_f32, run through the one attention core
 // (layers/attention_core.h) as a batch of windows - the bias looked up in the tile
 // (relative_position_index, core/attention_tile.h, is torchvision's index for a Wh x Ww window),
 // the shift mask from per-token region ids of each window (shifted_window_region), never a
@@ -124,13 +125,13 @@ AttentionArgs core_args(const SwinOptions& o, const SwinGeometry& g) {
 int64_t windows_per_group(const SwinGeometry& g) {
   const int64_t all = g.B * g.windows;
   const int64_t half_l2 = static_cast<int64_t>(cpu::l2_cache_bytes() / 2);
-  const int64_t window_bytes = g.N * 5 * g.C * static_cast<int64_t>(sizeof(float));
-  if (g.C > half_l2 || 4 * g.C * g.C * static_cast<int64_t>(sizeof(float)) > half_l2 ||
-      all * window_bytes <= half_l2)
-    return all;
+  if (g.C > half_l2 || 4 * g.C * g.C * static_cast<int64_t>(sizeof(float)) > half_l2) return all;
+  // Windows that fit (divided, not multiplied: B * windows * N * 5C * 4 may pass int64).
+  const int64_t fit = half_l2 / (g.N * 5 * g.C * static_cast<int64_t>(sizeof(float)));
+  if (all <= fit) return all;
   int64_t group = 1;
-  for (int64_t d = 2; d <= g.windows; ++d)
-    if (g.windows % d == 0 && d * window_bytes <= half_l2) group = d;
+  for (int64_t d = 2; d <= std::min(fit, g.windows); ++d)
+    if (g.windows % d == 0) group = d;
   return group;
 }
 
