@@ -184,6 +184,34 @@ BOOST_AUTO_TEST_CASE(parallel_for_allocates_nothing) {
   BOOST_TEST(out[4095] == 4095 * 2 + 3);
 }
 
+BOOST_AUTO_TEST_CASE(serial_scope_runs_parallel_loops_inline) {
+  ThreadCount two(2);
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<int> calls{0}, elsewhere{0};
+  std::atomic<int64_t> covered{0};
+  auto body = [&](int64_t b, int64_t e) {
+    calls.fetch_add(1);
+    covered.fetch_add(e - b);
+    if (std::this_thread::get_id() != caller) elsewhere.fetch_add(1);
+  };
+  {
+    const SerialScope outer;
+    {
+      const SerialScope inner;  // nests
+      parallel_for(0, 4096, 1, body);
+    }
+    BOOST_TEST(calls.load() == 1);
+    parallel_for_each(0, 64, body);
+    BOOST_TEST(calls.load() == 2);
+  }
+  BOOST_TEST(elsewhere.load() == 0);
+  BOOST_TEST(covered.load() == 4096 + 64);
+  // Past the scope the loop is split again: 32 chunks (16 per thread) of 128.
+  calls = 0;
+  parallel_for(0, 4096, 1, body);
+  BOOST_TEST(calls.load() == 32);
+}
+
 // OpenBLAS 0.3.21 (Debian's pthread build) takes each GEMM's packing buffer from a table of
 // slots, one per GEMM running at that moment: the first use of a slot maps BUFFER_SIZE (128 MiB
 // of address space, touched only as far as packing reaches) and later calls reuse it; small
