@@ -135,8 +135,9 @@ int64_t windows_per_group(const SwinGeometry& g) {
   return group;
 }
 
-// One group's buffers, per worker, as offsets in floats from the start of its slot, each on a
-// 64-byte line; `floats` is the slot's size. rows = windows_per_group * N.
+// One group's buffers (SwinScratch::buffers, one slot per worker), as offsets in floats from
+// the start of a slot, each on a 64-byte line; `floats` is the slot's size. rows =
+// windows_per_group * N.
 //   tokens [rows, C] at 0: the gathered windows, reused for the proj output
 //   qkv [rows, 3C], ctx [rows, C] (the proj input), linear: the projections' packed input
 struct GroupLayout {
@@ -158,7 +159,10 @@ GroupLayout group_layout(const SwinGeometry& g, int64_t rows) {
 struct SwinScratch {
   float* table = nullptr;     // the bias table transposed, one row per head
   int32_t* region = nullptr;  // [windows, N] region ids when masked
-  WorkerScratch groups;       // a GroupLayout slot per worker
+  int64_t per_group = 0;      // windows_per_group
+  int64_t groups = 0;         // B * windows / per_group
+  GroupLayout group;          // of per_group * N rows
+  WorkerScratch buffers;      // a `group` slot per worker
   AttentionScratch core;
 };
 
@@ -170,11 +174,11 @@ SwinScratch layout_scratch(const SwinOptions& o, const SwinGeometry& g, const At
   const Device& device = cpu_device();
   s.table = ws.take<float>(table_rows(o) * o.heads);
   if (g.masked) s.region = ws.take<int32_t>(g.windows * g.N);
-  const int64_t per_group = windows_per_group(g);
-  const int64_t groups = g.B * g.windows / per_group;
-  s.groups = WorkerScratch(
-      ws, sizeof(float) * static_cast<size_t>(group_layout(g, per_group * g.N).floats),
-      static_cast<int>(std::min<int64_t>(groups, num_threads())));
+  s.per_group = windows_per_group(g);
+  s.groups = g.B * g.windows / s.per_group;
+  s.group = group_layout(g, s.per_group * g.N);
+  s.buffers = WorkerScratch(ws, sizeof(float) * static_cast<size_t>(s.group.floats),
+                                   static_cast<int>(std::min<int64_t>(s.groups, num_threads())));
   s.core = attention_scratch(device, args, ws);
   return s;
 }
@@ -292,13 +296,12 @@ class SwinAttentionLayer : public OpLayer {
     //    GEMM; attention per window, written straight into the proj input; proj into the (no
     //    longer needed) gathered rows; scatter them back into place. A group runs on one thread
     //    and the groups over the threads; one group of every window runs each op over them.
-    const int64_t per_group = windows_per_group(g), rows = per_group * g.N;
-    const int64_t groups = g.B * g.windows / per_group;
-    const GroupLayout lay = group_layout(g, rows);
+    const int64_t per_group = s.per_group, rows = per_group * g.N;
+    const GroupLayout& lay = s.group;
     const float* qkv_bias = o_.qkv_bias ? params_.tensor("qkv.bias").data<float>() : nullptr;
     const float* proj_bias = o_.proj_bias ? params_.tensor("proj.bias").data<float>() : nullptr;
     const auto run_group = [&](int64_t group) {
-      const WorkerScratch::Lease lease = s.groups.acquire();
+      const WorkerScratch::Lease lease = s.buffers.acquire();
       float* tokens = lease.as<float>();
       float* qkv = tokens + lay.qkv;
       float* ctx = tokens + lay.ctx;
@@ -324,11 +327,11 @@ class SwinAttentionLayer : public OpLayer {
                          proj_bias, tokens, C, linear);
       scatter_windows(o_, g, tokens, r0, rows, out[0]->data<float>());
     };
-    if (groups == 1) {
+    if (s.groups == 1) {
       run_group(0);
       return;
     }
-    parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    parallel_for(0, s.groups, 1, [&](int64_t g0, int64_t g1) {
       const SerialScope serial;
       for (int64_t group = g0; group < g1; ++group) run_group(group);
     });
