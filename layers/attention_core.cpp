@@ -73,6 +73,11 @@ void build_key_major_bias(const AttentionArgs& a, float* bias) {
   std::fill_n(bias + a.heads * S * Lp, kKeyMajorRowAlign, 0.0f);
 }
 
+// Whether the fused path gives its tiles the key-major bias (else the kernel looks the table up).
+bool uses_key_major_bias(const AttentionArgs& a, const AttentionScratch& scratch) {
+  return a.rel_table != nullptr && scratch.key_major_bias != nullptr;
+}
+
 // need_weights=false and no dropout, with a fused kernel: the flash path.
 // A region mask (AttentionArgs::region: Swin's shifted windows) goes to the kernel as region
 // ids, so shifted windows take the fused path as well: no [rows, S] scores per window and head.
@@ -157,7 +162,7 @@ void attention_fused_f32(const KernelTable& k, AttentionArgs a, const AttentionS
     a.v_head_stride = a.kv_len * a.v_head_dim;
     a.v_row_stride = a.v_head_dim;
   }
-  const bool key_major = a.rel_table != nullptr && scratch.key_major_bias != nullptr;
+  const bool key_major = uses_key_major_bias(a, scratch);
   if (key_major && !a.prepared) build_key_major_bias(a, scratch.key_major_bias);
   const int64_t key_major_stride = key_major_rows(L);
   // Keep at least ~4 tasks per thread so causal work (uneven per tile) balances.
@@ -377,8 +382,7 @@ AttentionScratch attention_scratch(const Device& device, const AttentionArgs& a,
 void attention_prepare_f32(const Device& device, const AttentionArgs& a,
                            const AttentionScratch& scratch) {
   if (a.batch <= 0 || a.heads <= 0 || a.q_len <= 0) return;
-  if (fused_path(device.kernels(), a) && a.rel_table != nullptr &&
-      scratch.key_major_bias != nullptr)
+  if (fused_path(device.kernels(), a) && uses_key_major_bias(a, scratch))
     build_key_major_bias(a, scratch.key_major_bias);
 }
 
