@@ -132,11 +132,11 @@ void apply_activation_f32(const KernelTable& k, Activation act, int64_t r0, int6
 }
 
 // From the layer's packed weight: a few rows stream every panel once (split as the matvec
-// above); more rows run the panel GEMM in
-// tasks of row blocks of <= 240 rows (a depth block of the block's x, 240 KiB at 256 steps,
-// stays in the 512 KiB L2 of Zen 3 while its column tiles pass) x column blocks of <= 192
-// features (below). The split changes no result (one FMA chain per element in k order), so it
-// may follow the thread count.
+// above); more rows run the panel GEMM in tasks of row blocks of at most the kernel's
+// panel_row_block rows (240: the kernel sizes its depth blocks so that a depth block of that
+// many rows of x stays in the L2 while the task's column tiles pass) x column blocks of whole
+// tiles (below). The split changes no result (one FMA chain per element in k order), so it may
+// follow the thread count.
 void linear_panels_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in_features,
                                int64_t out_features, const float* x, int64_t x_stride,
                                const float* panels, const float* bias, float* y,
@@ -167,7 +167,7 @@ void linear_panels_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in
   // the blocks stay tall (>= 128 rows; every row block streams the whole weight, from memory in
   // a model: 512x512x2048 2.52-2.54 ms with four, 2.58-2.62 with three, bench_linear --cold,
   // two threads, AVX-512), else the panel blocks below.
-  int64_t row_blocks = (rows + 239) / 240;
+  int64_t row_blocks = (rows + lk.panel_row_block - 1) / lk.panel_row_block;
   if ((row_blocks * tiles) % threads != 0 && rows / (row_blocks + 1) >= 128) ++row_blocks;
   const int64_t block_rows = (rows + row_blocks - 1) / row_blocks;
   // Column blocks of whole tiles (`step` features), at most 4 tiles each, at least 8 tasks in

@@ -1301,9 +1301,10 @@ BOOST_AUTO_TEST_CASE(linear_matvec_matches_float64_and_any_split) {
 
 // The prepacked-weight kernels (a model's projections): pack_weights, then `panels` (rows
 // around every target's tile of 1-8 rows, features around the 16-feature panel and the tile's
-// 16-48 features, depths around AVX2's blocks (half the L1d: 256 steps at 32 KiB, 384 at 48)
-// and past AVX-512's L1d-sized ones, 512 or 768: k = 1030 is two or three blocks; each call's
-// next columns prefetched) and `panels_matvec` (1-4 rows), against a float64 product on every
+// 16-48 features, depths around AVX2's blocks (256 steps at 32 KiB of L1d and 512 KiB of L2,
+// 384 at 48 KiB, 768 from 1 MiB of L2) and past AVX-512's L1d-sized ones, 512 or 768: k = 1030
+// is two or three blocks, k = 1800 two to eight, with a partial column tile; each call's next
+// columns prefetched) and `panels_matvec` (1-4 rows), against a float64 product on every
 // target, strided x and y, with and without bias; x, w and the panels end at an inaccessible
 // page, y's padding stays untouched.
 // The same product in pieces (rows in ranges of 5, columns in task steps) and the x-panel
@@ -1319,7 +1320,7 @@ BOOST_AUTO_TEST_CASE(linear_panels_match_float64_any_split_and_the_packed_kernel
   };
   const Shape shapes[] = {{1, 1, 1},    {4, 17, 7},    {6, 16, 256}, {7, 48, 257},
                           {13, 49, 130}, {50, 100, 300}, {9, 15, 129}, {3, 97, 33},
-                          {10, 64, 513}, {17, 112, 1030}, {8, 32, 385}};
+                          {10, 64, 513}, {17, 112, 1030}, {8, 32, 385}, {11, 50, 1800}};
   constexpr float kSentinel = -12345.0f;
   for_each_target("linear_panels_f32", [&] {
     Generator gen(83);

@@ -24,8 +24,8 @@ KernelTable make_cpu_kernels() {
   t.linear_by_weight[static_cast<size_t>(DType::F32)] = {
       cpu::kLinearPanelRows, cpu::linear_pack_f32,   cpu::linear_packed_f32,
       cpu::linear_packed_preferred_f32, cpu::kLinearMatvecRows, cpu::linear_matvec_f32,
-      cpu::kLinearWeightPanel, cpu::linear_panel_tile_cols_f32, cpu::linear_pack_weights_f32,
-      cpu::linear_panels_f32, cpu::linear_panels_matvec_f32};
+      cpu::kLinearWeightPanel, cpu::linear_panel_tile_cols_f32, cpu::kLinearPanelRowBlock,
+      cpu::linear_pack_weights_f32, cpu::linear_panels_f32, cpu::linear_panels_matvec_f32};
   t.softmax_rows_f32 = cpu::softmax_rows_f32;
   t.rope_rotate_half_f32 = cpu::rope_rotate_half_f32;
   t.add_bias_rows_f32 = cpu::add_bias_rows_f32;

@@ -38,6 +38,10 @@ inline constexpr int64_t kLinearWeightPanel = 16;
 // The column width of linear_panels_f32's tile on the dispatched target: 48 on AVX-512, 16 on
 // the others.
 int64_t linear_panel_tile_cols_f32();
+// The most rows one linear_panels_f32 call should be given: its depth blocks are sized so that
+// this many rows of x (one depth block of them) stay in the L2 while the call's column tiles
+// pass over them (240 KiB at 256 steps: half of Zen 3's 512 KiB L2).
+inline constexpr int64_t kLinearPanelRowBlock = 240;
 void linear_pack_weights_f32(int64_t n, int64_t k, const float* w, int64_t ldw, int64_t q0,
                              int64_t q1, float* panels);
 // y[r, c] = x[r, :] . w[c, :] + bias[c] for rows r0 .. r1 - 1 and columns c0 .. c1 - 1 (c0 a

@@ -217,8 +217,10 @@ constexpr size_t kWVecs = kWeightPanel / kLanes;
 static_assert(kWeightPanel % kLanes == 0, "a weight panel is a whole number of vectors");
 // Accumulators kTileRows x kTilePanels x kWVecs: AVX-512 8 x 3 x 1 = 24 (3 loads + 8 broadcasts
 // per 24 FMAs); AVX2 6 x 1 x 2 = 12 (2 + 6 per 12); SSE4 3 x 1 x 4 = 12; SCALAR 1 x 1 x 16.
-// kStreamWeights: the tile's weights stream from L2 (AVX-512: each step prefetches its own
-// streams ahead) rather than stay in L1. Depth blocks of DepthBlock() steps either way.
+// kStreamWeights: the tile's weights stream from L2, each step prefetching its own streams
+// ahead (AVX-512). AVX2's 768-step slices also stream from L2 where its L2 allows them
+// (DepthBlock), without that prefetch: 32 steps ahead measured level to 9% slower there.
+// Depth blocks of DepthBlock() steps either way.
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 constexpr size_t kTileRows = 8, kTilePanels = 3;
 constexpr bool kStreamWeights = true;
@@ -234,29 +236,41 @@ constexpr bool kStreamWeights = false;
 #endif
 constexpr size_t kTileCols = kTilePanels * kWeightPanel;
 
-// The depth block, from the L1d, whose half holds what a tile keeps there across a depth block.
-// Where the slice stays in L1 (AVX2, SSE4, SCALAR): the slice itself (kTileCols floats per
-// step), the rest for the row tiles' x lines. 32 KiB (Zen 3, Zen 4): 256 steps, 16 KiB, the
-// size chosen on Zen 3; 48 KiB (Zen 5, Intel cores since Ice Lake, the P-cores of Intel's AVX2
-// desktops among them): 384. On the Xeon family 6 model 207 (48 KiB), AVX2, bench_linear
-// --cold, one thread, pinned, 4 rounds alternating, ms against 256 steps: 197x768x3072
-// 11.35-11.77 against 11.61-12.13, 197x2304x768 8.36-8.62 against 8.48-8.62, 3136x96x384
-// 2.70-2.71 against 2.74-2.79; 49x768x3072 level (3.25-3.32 against 3.23-3.31).
-// benchmarks/results/2026-12-06-xeon-session34-changes.txt.
-// AVX-512 (slices streamed from L2): a row tile's x slice (kTileRows x kc floats), the rest for
-// the weight streams' lines in flight. Zen 4 (32 KiB): 512 steps; Zen 5 (48 KiB): 768. Chosen
-// when the row tile was the outer loop and its x slice stayed in L1 across the column tiles;
-// there, against 512, one thread, bench_linear --cold (alternating, 2 rounds): 197x2304x768
-// 200-202 -> 205-206 GFLOP/s, 197x768x3072 201-202 -> 204-206, 512x512x2048 199-201 -> 202-204;
-// 1024 no better, worse at k = 2048. With the column tile outside (LinearPanelsF32), one run of
-// each, 2 rounds: 512 was 2-9% slower at 197x3072x768 and 49x2304x768, 1024 and one block for
-// all of k level with 768 within the drift.
+// The depth block. AVX-512 (slices streamed from L2): from the L1d, whose half holds a row
+// tile's x slice (kTileRows x kc floats), the rest for the weight streams' lines in flight. Zen 4
+// (32 KiB): 512 steps; Zen 5 (48 KiB): 768. Chosen when the row tile was the outer loop and its
+// x slice stayed in L1 across the column tiles; there, against 512, one thread, bench_linear
+// --cold (alternating, 2 rounds): 197x2304x768 200-202 -> 205-206 GFLOP/s, 197x768x3072 201-202
+// -> 204-206, 512x512x2048 199-201 -> 202-204; 1024 no better, worse at k = 2048. With the
+// column tile outside (LinearPanelsF32), one run of each, 2 rounds: 512 was 2-9% slower at
+// 197x3072x768 and 49x2304x768, 1024 and one block for all of k level with 768 within the drift.
+// SSE4, SCALAR: the slice (kTileCols floats per step) in half the L1d, 256 steps at 32 KiB.
+// AVX2: the largest multiple of 256 steps, up to 768, whose x slice of a full row block
+// (cpu::kLinearPanelRowBlock rows) fits 3/4 of the L2, and never less than the L1d rule above
+// (256 steps at 32 KiB, 384 at 48). 1 MiB and more (Zen 4, Zen 5, Intel's cores since Ice Lake):
+// 768, k = 768 and 512 in one block; the slice (48 KiB) then streams from L2 like AVX-512's.
+// 512 KiB (Zen 2, Zen 3) or 256 (Skylake's clients): 256 steps, as before, where Zen 3's 240 x
+// 256 block and the y strips already filled the L2. Every depth block costs each row tile
+// its accumulators in and out, its output prefetch and a restart. Zen 4, AVX2, bench_linear
+// --cold, one thread, pinned, 3 rounds alternating, GFLOP/s (probe ~117) 256 -> 768 steps:
+// 197x3072x768 102.7-103.2 -> 108.1-108.8, 128x2048x512 99.4-100.7 -> 105.6-106.5, 512x8192x512
+// 96.5-97.1 -> 105.3-106.0, 49x768x3072 level; 512 steps 1-3% below 768, 1024 level with it.
+// Whole models, AVX2, one thread, pinned, alternating processes, ms medians: vit_b_16
+// 351.6-369.8 -> 334.6-353.2, swin_t 98.3-101.1 -> 94.4-98.3, nn.Transformer 116.7-118.7 ->
+// 112.9-114.1, gpt 255.2-260.7 -> 247.5-249.9; two threads 2-3% (fastest calls). On the Xeon
+// family 6 model 207 (48 KiB, 2 MiB) 384, 512 and 768 measured level (session 38).
+// benchmarks/results/2026-12-07-zen4-session43-changes.txt.
 size_t DepthBlock() {
   static const size_t block = [] {
     const size_t half_l1d = cpu::l1d_cache_bytes() / 2;
     if constexpr (kStreamWeights)
       return std::clamp<size_t>(half_l1d / (kTileRows * sizeof(float)) / 64 * 64, 256, 1024);
-    return std::clamp<size_t>(half_l1d / (kTileCols * sizeof(float)) / 16 * 16, 128, 1024);
+    const size_t in_l1 =
+        std::clamp<size_t>(half_l1d / (kTileCols * sizeof(float)) / 16 * 16, 128, 1024);
+    if constexpr (HWY_TARGET != HWY_AVX2) return in_l1;
+    const size_t x_block_steps = cpu::l2_cache_bytes() * 3 / 4 /
+                                 (static_cast<size_t>(cpu::kLinearPanelRowBlock) * sizeof(float));
+    return std::max(in_l1, std::min<size_t>(x_block_steps / 256 * 256, 768));
   }();
   return block;
 }
@@ -278,15 +292,16 @@ constexpr size_t kWeightPrefetchSteps = kStreamWeights ? 32 : 0;
 
 // Lines of the slice that runs after this one, pulled in by a tile (LinearPanelsF32 says which
 // and why): line i >> shift of `panel` at each step i < steps, so one line every 2^shift steps.
-// Into the L2 (prefetcht1) where a slice lives there (AVX-512: 144 KiB); into L1 (prefetcht0)
-// where it lives in L1 (AVX2: 16-24 KiB). On AVX2, prefetcht1 there measured 0-8% slower than the
-// bursts of prefetcht0 this replaced at two threads (bench_linear --cold --target AVX2, Zen 5),
-// prefetcht0 level with them.
-constexpr int kNextLevel = kStreamWeights ? 2 : 3;
+// Into the L2 (prefetcht1) where a slice lives there (more than half the L1d: AVX-512's 96-144
+// KiB, AVX2's 48 KiB at 768 steps); into L1 (prefetcht0) where it lives in L1 (AVX2's 16-24 KiB
+// at 256-384 steps). On AVX2 with L1 slices, prefetcht1 measured 0-8% slower than the bursts of
+// prefetcht0 this replaced at two threads (bench_linear --cold --target AVX2, Zen 5), prefetcht0
+// level with them; with 768-step slices (Zen 4) prefetcht1 level to 2% faster than prefetcht0.
 struct NextLines {
   const float* panel = nullptr;
   size_t steps = 0;
   size_t shift = 0;
+  bool into_l2 = false;
 };
 
 template <size_t ROWS, size_t PANELS>
@@ -326,8 +341,13 @@ void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_s
 #endif
   for (size_t kk = 0; kk < kc; ++kk) {
     VF wv[PANELS][kWVecs];
-    if (kk < next.steps)
-      __builtin_prefetch(next.panel + (kk >> next.shift) * kWeightPanel, 0, kNextLevel);
+    if (kk < next.steps) {
+      const float* line = next.panel + (kk >> next.shift) * kWeightPanel;
+      if (next.into_l2)
+        __builtin_prefetch(line, 0, 2);
+      else
+        __builtin_prefetch(line, 0, 3);
+    }
     if constexpr (kWeightPrefetchSteps > 0)
       for (size_t q = 0; q < PANELS; ++q)
         __builtin_prefetch(wq[q] + (kk + kWeightPrefetchSteps) * kWeightPanel);
@@ -460,8 +480,9 @@ void LinearPanelsF32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t
   const int64_t blocks = (k + max_block - 1) / max_block;
   const int64_t block = ((k + blocks - 1) / blocks + 15) / 16 * 16;
   // Within a depth block, column tile outside, row tile inside: the tile's slice of weights
-  // (kTilePanels panels x kc steps: 16-24 KiB on AVX2, in L1; 144 KiB at 768 steps on AVX-512,
-  // in L2) is read by every row tile, x comes from L2 one row tile at a time.
+  // (kTilePanels panels x kc steps: on AVX2 16-24 KiB in L1 at 256-384 steps, 48 KiB in L2 at
+  // 768; 144 KiB at 768 steps on AVX-512, in L2) is read by every row tile, x comes from L2 one
+  // row tile at a time.
   // A slice's first row tile reads it from memory (a model's weights, hundreds of MB, do not
   // stay in the L3 between calls): on AVX-512, 3 lines per 24 FMAs, more than one core's
   // demand misses deliver, so that row tile waited on memory. So each later row tile's tile
@@ -503,8 +524,11 @@ void LinearPanelsF32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t
       }
       const int64_t next_panels = (std::min(tile_cols, nc_end - nc) + panel - 1) / panel;
       const size_t next_steps = static_cast<size_t>(std::min(block, k - nk0));
-      // The next slice's lines per later row tile (AVX-512: one panel each) and their spacing.
+      // The next slice's lines per later row tile (AVX-512: one panel each) and their spacing,
+      // and the level they go to (NextLines).
       const size_t next_lines = nc < nc_end ? static_cast<size_t>(next_panels) * next_steps : 0;
+      const bool next_into_l2 =
+          kStreamWeights || next_lines * kWeightPanel * sizeof(float) > cpu::l1d_cache_bytes() / 2;
       const size_t later_tiles =
           static_cast<size_t>(std::max<int64_t>(1, (r1 - r0 + tile_rows - 1) / tile_rows - 1));
       const size_t run =
@@ -527,7 +551,7 @@ void LinearPanelsF32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t
           const size_t n = std::min(run, next_steps - s0);  // within one panel
           next = {wp + (nc / panel + static_cast<int64_t>(q)) * panel_stride +
                       (nk0 + static_cast<int64_t>(s0)) * panel,
-                  n << shift, shift};
+                  n << shift, shift, next_into_l2};
           next_done += n;
         }
         PanelTile(x + r * ldx + k0, ldx, slice, panel_stride, static_cast<size_t>(kc),
