@@ -329,28 +329,22 @@ void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_s
                        : full ? hn::LoadU(d, y + static_cast<int64_t>(r) * ldy + c)
                               : hn::Load(d, edge[r] + c);
       }
+  // The steps that also prefetch a line of the next slice (the first next.steps) run as a loop
+  // of their own, then the rest: with one loop testing kk < next.steps at every step, GCC kept
+  // the accumulators on the stack through part of it (FMAs on stack operands at k = 96;
+  // bench_linear --cold --target AVX2, Zen 4, 4 rounds: 3136x384x96 93.2-99.6 -> 98.9-100.3
+  // GFLOP/s, the other shapes and AVX-512 level).
   // AVX2 steps unrolled by 4: on Intel cores the loop's own adds and compare share ports 0
-  // and 1 with the 12 FMAs of a step; unrolled, they come once per 4 steps (GCC still reloads
-  // some x-row pointers from the stack in the steps that prefetch the next slice). Xeon family
-  // 6 model 207 (Raptor Cove), bench_linear --cold --target AVX2, one thread: 197x2304x768
+  // and 1 with the 12 FMAs of a step; unrolled, they come once per 4 steps. Xeon family 6
+  // model 207 (Raptor Cove), bench_linear --cold --target AVX2, one thread: 197x2304x768
   // 76.9 -> 81.8 GFLOP/s (85.6% of the probe), 512x8192x512 75.1 -> 79.3; forced-AVX2 models
   // 2-8% faster. On AVX-512 the same unroll measured level or 1-3% slower (not taken).
   // benchmarks/results/2026-12-06-xeon-session30-changes.txt.
-#if HWY_TARGET == HWY_AVX2
-#pragma GCC unroll 4
-#endif
-  for (size_t kk = 0; kk < kc; ++kk) {
-    VF wv[PANELS][kWVecs];
-    if (kk < next.steps) {
-      const float* line = next.panel + (kk >> next.shift) * kWeightPanel;
-      if (next.into_l2)
-        __builtin_prefetch(line, 0, 2);
-      else
-        __builtin_prefetch(line, 0, 3);
-    }
+  const auto step = [&](size_t kk) HWY_ATTR {
     if constexpr (kWeightPrefetchSteps > 0)
       for (size_t q = 0; q < PANELS; ++q)
         __builtin_prefetch(wq[q] + (kk + kWeightPrefetchSteps) * kWeightPanel);
+    VF wv[PANELS][kWVecs];
     for (size_t q = 0; q < PANELS; ++q)
       for (size_t v = 0; v < kWVecs; ++v)
         wv[q][v] = hn::Load(d, wq[q] + kk * kWeightPanel + v * kLanes);
@@ -359,7 +353,24 @@ void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_s
       for (size_t q = 0; q < PANELS; ++q)
         for (size_t v = 0; v < kWVecs; ++v) acc[r][q][v] = hn::MulAdd(xb, wv[q][v], acc[r][q][v]);
     }
+  };
+  const size_t pf_steps = std::min(next.steps, kc);
+  size_t kk = 0;
+  if (next.into_l2) {
+    for (; kk < pf_steps; ++kk) {
+      __builtin_prefetch(next.panel + (kk >> next.shift) * kWeightPanel, 0, 2);
+      step(kk);
+    }
+  } else {
+    for (; kk < pf_steps; ++kk) {
+      __builtin_prefetch(next.panel + (kk >> next.shift) * kWeightPanel, 0, 3);
+      step(kk);
+    }
   }
+#if HWY_TARGET == HWY_AVX2
+#pragma GCC unroll 4
+#endif
+  for (; kk < kc; ++kk) step(kk);
   if (full) {
     for (size_t r = 0; r < ROWS; ++r)
       for (size_t q = 0; q < PANELS; ++q)
