@@ -247,12 +247,13 @@ constexpr size_t kTileCols = kTilePanels * kWeightPanel;
 // SSE4, SCALAR: the slice (kTileCols floats per step) in half the L1d, 256 steps at 32 KiB.
 // AVX2: the largest multiple of 256 steps, up to 768, whose x slice of a full row block
 // (cpu::kLinearPanelRowBlock rows) fits 3/4 of the L2, and never less than the L1d rule above
-// (256 steps at 32 KiB, 384 at 48). 1 MiB and more (Zen 4, Zen 5, Intel's cores since Ice Lake):
-// 768, k = 768 and 512 in one block; the slice (48 KiB) then streams from L2 like AVX-512's.
-// 512 KiB (Zen 2, Zen 3) or 256 (Skylake's clients): 256 steps, as before, where Zen 3's 240 x
-// 256 block and the y strips already filled the L2. Every depth block costs each row tile
-// its accumulators in and out, its output prefetch and a restart. Zen 4, AVX2, bench_linear
-// --cold, one thread, pinned, 3 rounds alternating, GFLOP/s (probe ~117) 256 -> 768 steps:
+// (256 steps at 32 KiB, 384 at 48). 1 MiB and more (Zen 4, Zen 5, Intel's cores since Tiger
+// Lake): 768, k = 768 and 512 in one block; the slice (48 KiB) then streams from L2 like
+// AVX-512's. 512 KiB (Zen 2, Zen 3) or 256 (Skylake's clients): 256 steps, as before, where
+// Zen 3's 240 x 256 block and the y strips already filled the L2. Every depth block costs each
+// row tile its accumulators in and out, its output prefetch and a restart. Zen 4, AVX2,
+// bench_linear --cold, one thread, pinned, 3 rounds alternating, GFLOP/s (probe ~117) 256 ->
+// 768 steps:
 // 197x3072x768 102.7-103.2 -> 108.1-108.8, 128x2048x512 99.4-100.7 -> 105.6-106.5, 512x8192x512
 // 96.5-97.1 -> 105.3-106.0, 49x768x3072 level; 512 steps 1-3% below 768, 1024 level with it.
 // Whole models, AVX2, one thread, pinned, alternating processes, ms medians: vit_b_16
