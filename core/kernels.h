@@ -57,7 +57,7 @@ struct LinearKernels {
   int64_t weight_panel = 0;
   int64_t (*panel_tile_cols)() = nullptr;
   // The most rows the layer gives one `panels` call (its depth blocks keep that many rows of x
-  // in the L2).
+  // in the L2); 0: no bound.
   int64_t panel_row_block = 0;
   int64_t weight_panel_floats(int64_t n, int64_t k) const {
     return (n + weight_panel - 1) / weight_panel * weight_panel * k;

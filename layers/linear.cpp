@@ -167,7 +167,8 @@ void linear_panels_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in
   // the blocks stay tall (>= 128 rows; every row block streams the whole weight, from memory in
   // a model: 512x512x2048 2.52-2.54 ms with four, 2.58-2.62 with three, bench_linear --cold,
   // two threads, AVX-512), else the panel blocks below.
-  int64_t row_blocks = (rows + lk.panel_row_block - 1) / lk.panel_row_block;
+  const int64_t row_block = lk.panel_row_block > 0 ? lk.panel_row_block : rows;
+  int64_t row_blocks = (rows + row_block - 1) / row_block;
   if ((row_blocks * tiles) % threads != 0 && rows / (row_blocks + 1) >= 128) ++row_blocks;
   const int64_t block_rows = (rows + row_blocks - 1) / row_blocks;
   // Column blocks of whole tiles (`step` features), at most 4 tiles each, at least 8 tasks in
