@@ -178,7 +178,7 @@ SwinScratch layout_scratch(const SwinOptions& o, const SwinGeometry& g, const At
   s.groups = g.B * g.windows / s.per_group;
   s.group = group_layout(g, s.per_group * g.N);
   s.buffers = WorkerScratch(ws, sizeof(float) * static_cast<size_t>(s.group.floats),
-                                   static_cast<int>(std::min<int64_t>(s.groups, num_threads())));
+                            static_cast<int>(std::min<int64_t>(s.groups, num_threads())));
   s.core = attention_scratch(device, args, ws);
   return s;
 }

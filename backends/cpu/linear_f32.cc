@@ -201,8 +201,9 @@ void LinearPackedF32(int64_t m, int64_t k, const float* packed, int64_t p0, int6
 // panel q holds wp[q][kk][j] = w[16 q + j][kk] (zeros past n). The layout is the same on every
 // target; only the tile differs. Micro-kernel: kTileRows rows of x (broadcast, read in place)
 // times kTilePanels panels (loaded as vectors). A column tile's depth slice (on AVX2 one panel x
-// DepthBlock() steps, half the L1d; on AVX-512 three panels x ~768 steps, in L2) stays while
-// every row tile of the task passes over it, and x comes from L2 at one float per row per step.
+// DepthBlock() steps: half the L1d, or 768 steps in L2 where the L2 is 1 MiB or more; on
+// AVX-512 three panels x ~768 steps, in L2) stays while every row tile of the task passes over
+// it, and x comes from L2 at one float per row per step.
 // This is the GotoBLAS/MLAS arrangement; the x-panel kernel loads 32 x floats per step from L2
 // for 3 weight rows on AVX2, and waits on those loads.
 // Each output element is one FMA chain over kk = 0 .. k-1 in order (a depth block's partial
@@ -511,14 +512,14 @@ void LinearPanelsF32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t
   // alone (no prefetch) measured level with the old one. Forced AVX2 (its bursts of
   // prefetcht0 between row tiles replaced by this): level (A B B A x 3, within 1%).
   // benchmarks/results/*-zen5-session23-changes.txt.
-  // Where the slice lives in L1 (one panel: AVX2, SSE4), its next slice is instead shared by all
-  // the later row tiles, in equal runs of lines, and a run of 32 lines or more is spaced out to
-  // one line every 2-8 steps: one tile pulling the whole next panel (384 lines at 48 KiB of L1d)
-  // kept more lines in flight than the core tracks, and the tile's own x lines from L2 waited
-  // behind them. Xeon family 6 model 207, AVX2, bench_linear --cold, one thread, 4 rounds
-  // alternating, best ms: 49x3072x768 3.23 -> 2.88, 49x768x3072 3.27 -> 2.87 (7 tiles: 55-line
-  // runs every 4 steps), 128x1536x512 2.53 -> 2.41, 196x384x1536 2.85 -> 2.74, 197x3072x768
-  // 11.26 -> 10.99; 784 rows level, 3136 rows (k = 96) level to 1.6% slower.
+  // Where the tile is one panel wide (AVX2, SSE4; its slice in L1, or on AVX2 in L2 at 768 steps),
+  // the next slice is instead shared by all the later row tiles, in equal runs of lines, and a run
+  // of 32 lines or more is spaced out to one line every 2-8 steps: one tile pulling the whole next
+  // panel (384 lines at 48 KiB of L1d) kept more lines in flight than the core tracks, and the
+  // tile's own x lines from L2 waited behind them. Xeon family 6 model 207, AVX2, bench_linear
+  // --cold, one thread, 4 rounds alternating, best ms: 49x3072x768 3.23 -> 2.88, 49x768x3072 3.27
+  // -> 2.87 (7 tiles: 55-line runs every 4 steps), 128x1536x512 2.53 -> 2.41, 196x384x1536 2.85 ->
+  // 2.74, 197x3072x768 11.26 -> 10.99; 784 rows level, 3136 rows (k = 96) level to 1.6% slower.
   // benchmarks/results/2026-12-06-xeon-session34-changes.txt.
   for (int64_t k0 = 0; k0 < k; k0 += block) {
     const int64_t kc = std::min(block, k - k0);
