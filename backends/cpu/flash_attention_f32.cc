@@ -302,9 +302,13 @@ HWY_INLINE void ScoreGroup(DF d, const BlockCtx& c, int64_t s0, size_t j0, bool 
   }
   const VF neg_inf = hn::Set(d, kNegInf);
   const VF lane = hn::Iota(d, 0.0f);
+  // Unrolled by request: GCC's own limit left this loop rolled (its body carries the mask, bias
+  // and causal branches), so acc[][] lived on the stack, zeroed there and reloaded per group.
+  HWY_UNROLL(8)
   for (size_t jj = 0; jj < KEYS; ++jj) {
     const size_t j = j0 + jj;
     float* HWY_RESTRICT row = c.scores + j * c.rb;
+    HWY_UNROLL(4)
     for (size_t rv = 0; rv < RV; ++rv) {
       VF v = acc[rv][jj];
       if (masked) v = hn::Add(v, hn::Load(d, row + rv * N));
@@ -330,20 +334,35 @@ HWY_INLINE void ScoreGroup(DF d, const BlockCtx& c, int64_t s0, size_t j0, bool 
   }
 }
 
-// O[r .. r+kPvRows-1][c0 N .. (c0+NV) N) = alpha O + P[:, rows]^T V[:, columns] over the nk
-// keys of the block (alpha only when `rescale`; O starts from zero before the block's first).
-template <size_t NV, size_t ROWS = PvRowsFor<NV>()>
-HWY_INLINE void PvTile(DF d, const BlockCtx& c, size_t r, size_t c0, size_t nk, bool rescale) {
+
+
+// How a P.V tile starts and ends. Each is its own instantiation: with the choice made at run
+// time inside one tile, GCC kept the 12 AVX2 accumulators on the stack between the prologue, the
+// key loop and the epilogue (4 extra vector stores and loads per accumulator per tile).
+enum class PvMode {
+  kFirst,   // O starts from zero (the row block's first P.V), and is stored
+  kAdd,     // O += P V
+  kRescale, // O = alpha O + P V
+  kOut,     // the tile's only key block: out = (P V) / l into the output rows
+};
+
+// O[r .. r+ROWS-1][c0 N .. (c0+NV) N) per MODE, over the nk keys of the block.
+template <size_t NV, PvMode MODE, size_t ROWS = PvRowsFor<NV>()>
+HWY_INLINE void PvTile(DF d, const BlockCtx& c, size_t r, size_t c0, size_t nk) {
   const size_t N = hn::Lanes(d);
-  float* HWY_RESTRICT o = c.o + r * c.dv_pad + c0 * N;
+  const size_t dv_pad = c.dv_pad;  // a local: the stores to O may alias c as far as GCC knows
+  float* HWY_RESTRICT o = c.o + r * dv_pad + c0 * N;
   VF acc[ROWS][NV];
-  for (size_t i = 0; i < ROWS; ++i) {
-    const VF a = hn::Set(d, c.alpha[r + i]);
+  for (size_t i = 0; i < ROWS; ++i)
     for (size_t v = 0; v < NV; ++v) {
-      acc[i][v] = c.o_live ? hn::Load(d, o + i * c.dv_pad + v * N) : hn::Zero(d);
-      if (rescale && c.o_live) acc[i][v] = hn::Mul(acc[i][v], a);
+      if constexpr (MODE == PvMode::kFirst || MODE == PvMode::kOut) {
+        acc[i][v] = hn::Zero(d);
+      } else if constexpr (MODE == PvMode::kAdd) {
+        acc[i][v] = hn::Load(d, o + i * dv_pad + v * N);
+      } else {
+        acc[i][v] = hn::Mul(hn::Load(d, o + i * dv_pad + v * N), hn::Set(d, c.alpha[r + i]));
+      }
     }
-  }
   const float* HWY_RESTRICT p = c.scores + r;
   const float* HWY_RESTRICT vrow = c.vpack + c0 * N;
   for (size_t j = 0; j < nk; ++j, p += c.rb, vrow += c.v_stride) {
@@ -354,31 +373,45 @@ HWY_INLINE void PvTile(DF d, const BlockCtx& c, size_t r, size_t c0, size_t nk, 
       for (size_t v = 0; v < NV; ++v) acc[i][v] = hn::MulAdd(pb, vv[v], acc[i][v]);
     }
   }
-  if (c.out) {
+  if constexpr (MODE == PvMode::kOut) {
     // The final rows: out = O / l as Panel's last loop computes it (zeros where l == 0).
-    for (size_t i = 0; i < ROWS && r + i < c.nr; ++i) {
+    for (size_t i = 0; i < ROWS; ++i) {
+      if (r + i >= c.nr) continue;
       float* HWY_RESTRICT dst = c.out + (r + i) * static_cast<size_t>(c.t->out_stride) + c0 * N;
       const float li = c.l[r + i];
-      if (li == 0.0f) {
-        for (size_t v = 0; v < NV; ++v) hn::StoreU(hn::Zero(d), d, dst + v * N);
-        continue;
-      }
-      const VF inv = hn::Set(d, 1.0f / li);
-      for (size_t v = 0; v < NV; ++v) hn::StoreU(hn::Mul(acc[i][v], inv), d, dst + v * N);
+      const bool none = li == 0.0f;
+      const VF inv = hn::Set(d, none ? 0.0f : 1.0f / li);
+      for (size_t v = 0; v < NV; ++v)
+        hn::StoreU(none ? hn::Zero(d) : hn::Mul(acc[i][v], inv), d, dst + v * N);
     }
-    return;
+  } else {
+    for (size_t i = 0; i < ROWS; ++i)
+      for (size_t v = 0; v < NV; ++v) hn::Store(acc[i][v], d, o + i * dv_pad + v * N);
   }
-  for (size_t i = 0; i < ROWS; ++i)
-    for (size_t v = 0; v < NV; ++v) hn::Store(acc[i][v], d, o + i * c.dv_pad + v * N);
 }
 
 // P.V over columns c0 N .. (c0 + NV) N of every row of the block, in tiles of PvRowsFor<NV>
-// rows. Rows past nr (up to the tile height) hold finite garbage that is never stored.
-template <size_t NV>
-HWY_INLINE void PvColumns(DF d, const BlockCtx& c, size_t c0, size_t nk, bool rescale) {
+// rows. Rows past nr (up to the tile height) hold finite garbage that is never stored. A
+// function of its own, so that its registers are allocated apart from the score loop's; the
+// call is once per ~1000 FMA cycles.
+template <size_t NV, PvMode MODE>
+HWY_NOINLINE void PvColumnsIn(DF d, const BlockCtx& c, size_t c0, size_t nk) {
   constexpr size_t kRows = PvRowsFor<NV>();
   const size_t pv_rows = (c.nr + kRows - 1) / kRows * kRows;
-  for (size_t r = 0; r < pv_rows; r += kRows) PvTile<NV>(d, c, r, c0, nk, rescale);
+  for (size_t r = 0; r < pv_rows; r += kRows) PvTile<NV, MODE>(d, c, r, c0, nk);
+}
+
+template <size_t NV>
+HWY_INLINE void PvColumns(DF d, const BlockCtx& c, size_t c0, size_t nk, bool rescale) {
+  if (c.out) {
+    PvColumnsIn<NV, PvMode::kOut>(d, c, c0, nk);
+  } else if (!c.o_live) {
+    PvColumnsIn<NV, PvMode::kFirst>(d, c, c0, nk);
+  } else if (rescale) {
+    PvColumnsIn<NV, PvMode::kRescale>(d, c, c0, nk);
+  } else {
+    PvColumnsIn<NV, PvMode::kAdd>(d, c, c0, nk);
+  }
 }
 
 // Writes the additive term of scores[j][row] for keys s0 .. s0+nk-1: mask[r0 + row][s0 + j]
