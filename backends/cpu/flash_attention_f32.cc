@@ -334,16 +334,16 @@ HWY_INLINE void ScoreGroup(DF d, const BlockCtx& c, int64_t s0, size_t j0, bool 
   }
 }
 
-
-
 // How a P.V tile starts and ends. Each is its own instantiation: with the choice made at run
 // time inside one tile, GCC kept the 12 AVX2 accumulators on the stack between the prologue, the
-// key loop and the epilogue (4 extra vector stores and loads per accumulator per tile).
+// key loop and the epilogue (two extra stores and two extra loads per accumulator per tile: the
+// core 6-7% slower on AVX2 at T = 512 and 4096, 8% on AVX-512 at T = 4096, Zen 4;
+// benchmarks/results/2026-12-07-zen4-session44-changes.txt).
 enum class PvMode {
-  kFirst,   // O starts from zero (the row block's first P.V), and is stored
-  kAdd,     // O += P V
-  kRescale, // O = alpha O + P V
-  kOut,     // the tile's only key block: out = (P V) / l into the output rows
+  kFirst,    // O starts from zero (the row block's first P.V), and is stored
+  kAdd,      // O += P V
+  kRescale,  // O = alpha O + P V
+  kOut,      // the tile's only key block: out = (P V) / l into the output rows
 };
 
 // O[r .. r+ROWS-1][c0 N .. (c0+NV) N) per MODE, over the nk keys of the block.
