@@ -22,11 +22,11 @@ void flash_attention_f32_dispatch(const FlashAttentionTile& tile);
 // shorter) are what the kernel was tuned for: K and V stream once per 256 rows.
 int64_t flash_attention_scratch_floats_cpu(int64_t rows, int64_t head_dim, int64_t v_head_dim);
 
-// y[i] = e^x[i] as the kernels compute it (x <= 88; -inf -> 0, NaN -> NaN, 0 below -87.34), so
-// tests can bound the errors on their own: exp_fast_f32 is decode attention's and gelu's exp
-// (ExpFastF32), softmax_exp_f32 the online softmax's of the flash kernel (SoftmaxExpF32, m = 0).
-// Not table kernels.
+// The exps as the kernels compute them, so that tests can bound their errors on their own:
+// exp_fast_f32, decode attention's and gelu's (ExpFastF32), y = e^x (x <= 88; 0 below -87.34);
+// exp2_f32, the one under the flash kernel's online softmax (Exp2F32), y = 2^x (x <= 127; 0
+// below -126). Both: -inf -> 0, NaN -> NaN. Not table kernels.
 void exp_fast_f32(int64_t n, const float* x, float* y);
-void softmax_exp_f32(int64_t n, const float* x, float* y);
+void exp2_f32(int64_t n, const float* x, float* y);
 
 }  // namespace tessera::cpu

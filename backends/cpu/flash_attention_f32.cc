@@ -13,11 +13,11 @@
 //      8 k + spare). 4 row vectors x 4 keys (4 loads + 4 broadcasts per 16 FMAs) measured 3-5%
 //      slower: its 64-row S and qt blocks crowd L1.
 //   2. online softmax, elementwise across the block's keys because each vector holds 2N rows,
-//      against a reference max m per row that moves only when the block max exceeds it by more
-//      than 8 (as FlashAttention-4 does): m_new = block max if so, else m; alpha = exp(m -
-//      m_new), P = exp(S - m_new) <= e^8, l = alpha l + sum P. out = O / l is the same
-//      whatever m is; P and O grow by at most e^8 = 2981, far from float overflow. No
-//      horizontal reduction anywhere.
+//      against a reference max m per row, in log2 units (targets with FMA; RowBlockStep says
+//      why), that moves only when the block max exceeds it by more than 8 (FlashAttention-4's
+//      rule): m_new = block max log2 e if so, else m; alpha = 2^(m - m_new), P = 2^(S log2 e -
+//      m_new) <= 2^8, l = alpha l + sum P. out = O / l is the same whatever m is; P and O grow
+//      by at most 2^8, far from float overflow. No horizontal reduction anywhere.
 //   3. O[row][:] = alpha O[row][:] + sum_key P[key][row] V[key][:]. Register tile of 4 rows x 4
 //      vectors of v_head_dim: per key, 4 loads of V and 4 broadcasts of P feed 16 FMAs. The
 //      rescale is skipped while no row's reference max moved (alpha == 1 exactly): after the
@@ -28,11 +28,13 @@
 //      Where all keys are one block (Swin's windows, T <= 32 at d = 64) O is final after it:
 //      the tile stores O / l into the output rows, never O into scratch.
 // At head_dim = v_head_dim = 64 a (row block, key block) step is 2 x 2048 FMAs against 64 vector
-// exps of ~14 ops, 7-9 of them on the FMA pipes: ~11-14% extra FMA-pipe work (SoftmaxExpF32:
-// as 2^y on AVX2, 7, which made the AVX2 core 0.5-3% faster on Zen 4, T = 128 to 4096 and
-// Swin's windows, and ~0.3% on an Intel core, whose adds share a port with FMAs). Measured split at
-// T = 512 (bench_attention_kernel, variants of this file): P.V runs at ~95% of the FMA probe,
-// scores with their packing at ~80%, the softmax costs ~8% of the total.
+// exps of 10-13 ops, 7 of them on the FMA pipes: ~11% extra FMA-pipe work (Exp2F32 after one
+// FMA, RowBlockStep). The exps as powers of two on AVX2 made its core 0.5-3% faster on Zen 4
+// (session 39); the reference max in log2 units, which spares each exp one more op (three on
+// AVX-512), another 1.2-1.5% on AVX2 and 1.5-2.5% on AVX-512 at T = 512 and 4096, 2-4% on Swin's
+// windows (session 45). Measured split at T = 4096 before that (perf, Zen 4, AVX2): score loop
+// 41% of the core, P.V 43%, both at ~95% of the FMA probe, the exps ~10%, packing, transposes
+// and bookkeeping ~6%.
 //
 // Why these sizes (this machine: L1d 32 KiB per /sys/devices/system/cpu/cpu0/cache/index0, L2
 // 1 MiB per core, 4 KiB pages, THP only on madvise):
@@ -56,7 +58,7 @@
 //   in place: the same lines in the same order as a packed block, one copy fewer per panel.
 //
 // Semantics (core/kernels.h, core/attention_tile.h): rows whose visible scores are all -inf,
-// and rows that see no key, get zeros; a NaN score makes its row NaN (SoftmaxExpF32 in
+// and rows that see no key, get zeros; a NaN score makes its row NaN (Exp2F32 in
 // math_f32-inl.h keeps NaN).
 
 #undef HWY_TARGET_INCLUDE
@@ -103,9 +105,9 @@ struct Layout {
   int64_t panel_rows = 0;  // rows per panel: min(rows rounded up to a row block, 256)
   int64_t qt = 0;          // [row block][head_dim][kMaxRowBlock]: scaled queries, transposed
   int64_t o = 0;           // [panel row][v_head_dim padded]: unnormalised output
-  int64_t m = 0;           // [panel row]: running max
-  int64_t l = 0;           // [panel row]: running sum of exp(score - m)
-  int64_t alpha = 0;       // [kMaxRowBlock]: exp(m_old - m_new) of the current row block
+  int64_t m = 0;           // [panel row]: reference max (log2 units with FMA: RowBlockStep)
+  int64_t l = 0;           // [panel row]: running sum of the P terms
+  int64_t alpha = 0;       // [kMaxRowBlock]: 2^(m_old - m_new) of the current row block
   int64_t scores = 0;      // [key][kMaxRowBlock]: mask, then scores, then probabilities
   int64_t kpack = 0;       // [key][head_dim], then from VpackOffset: [key][v_head_dim padded]
   int64_t total = 0;
@@ -214,7 +216,8 @@ int64_t KeyBlockKeys(size_t head_dim, size_t dv_pad, size_t rb) {
 }
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-// How far a score may exceed its row's reference max before the reference moves (step 2 above).
+// How far a score may exceed its row's reference max before the reference moves (step 2 above),
+// in log2 units (P <= 2^8; RowBlockStep converts it where m is in natural units).
 constexpr float kRescaleSlack = 8.0f;
 
 // One row block's view of the scratch for one key block.
@@ -556,13 +559,33 @@ bool RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
   // a NaN block max never moves it). m_use replaces a reference of -inf (every score so far
   // -inf) by 0, so that -inf - m_use = -inf and the exp gives 0 instead of the NaN of -inf -
   // -inf. A NaN score reaches l through its exp; a NaN m reaches alpha, hence O and l.
+  // With FMA the reference max m is kept in log2 units (m log2 e, rounded once where it moves)
+  // and e^(x - m) taken as 2^(x log2 e - m): the FMA forms x log2 e - m exactly and rounds once,
+  // as precise as e^(x - m) where x - m is exact, and m's rounding is a factor common to every
+  // P, l and O term of the row, which O / l cancels; alpha = 2^(m_old - m_new) carries the old
+  // terms' factor to the new exactly (and is exactly 1 where m stays). Against 2^((x - m)
+  // log2 e): one op fewer per exp, and on AVX-512 three fewer on the FMA pipes than
+  // ExpFastF32's e^x (its x log2 e and Cody-Waite pair). m_old comes from memory and m_new
+  // from a blend: no multiply that GCC could contract into alpha's subtraction (with
+  // m_old log2 e computed here it fused that into an FMA, and alpha drifted from 1 by m's
+  // rounding: 1.7e-4 at scores of 5000). Without FMA, x log2 e would round at the scores'
+  // magnitude: m stays in natural units there, the exponent (x - m) log2 e.
+  constexpr bool kLog2Reference = HWY_NATIVE_FMA;
   bool rescale = false;
-  const VF slack = hn::Set(d, kRescaleSlack);
+  const VF log2e = hn::Set(d, 0x1.715476p+0f);
+  const VF slack = hn::Set(d, kLog2Reference ? kRescaleSlack : kRescaleSlack * 0x1.62e43p-1f);
   for (size_t rv = 0; rv < RV; ++rv) {
     const VF m_old = hn::Load(d, c.m + rv * N);
-    const VF m_new = hn::IfThenElse(hn::Gt(bm[rv], hn::Add(m_old, slack)), bm[rv], m_old);
+    const VF bm_ref = kLog2Reference ? hn::Mul(bm[rv], log2e) : bm[rv];
+    const VF m_new = hn::IfThenElse(hn::Gt(bm_ref, hn::Add(m_old, slack)), bm_ref, m_old);
     const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(d, kNegInf)), m_new);
-    const VF alpha = SoftmaxExpF32(d, m_old, m_use);
+    const VF neg_m = hn::Neg(m_use);
+    const auto exponent = [&](VF x) HWY_ATTR {
+      return kLog2Reference ? hn::MulAdd(x, log2e, neg_m) : hn::Mul(hn::Sub(x, m_use), log2e);
+    };
+    const VF alpha_exponent = hn::Sub(m_old, m_use);
+    const VF alpha =
+        Exp2F32(d, kLog2Reference ? alpha_exponent : hn::Mul(alpha_exponent, log2e));
     rescale |= !hn::AllTrue(d, hn::Eq(alpha, hn::Set(d, 1.0f)));
     hn::Store(m_new, d, c.m + rv * N);
     hn::Store(alpha, d, c.alpha + rv * N);
@@ -571,15 +594,15 @@ bool RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
     float* HWY_RESTRICT p = c.scores + rv * N;
     size_t j = 0;
     for (; j + 2 <= nk; j += 2) {
-      const VF e0 = SoftmaxExpF32(d, hn::Load(d, p + j * c.rb), m_use);
-      const VF e1 = SoftmaxExpF32(d, hn::Load(d, p + (j + 1) * c.rb), m_use);
+      const VF e0 = Exp2F32(d, exponent(hn::Load(d, p + j * c.rb)));
+      const VF e1 = Exp2F32(d, exponent(hn::Load(d, p + (j + 1) * c.rb)));
       hn::Store(e0, d, p + j * c.rb);
       hn::Store(e1, d, p + (j + 1) * c.rb);
       sum0 = hn::Add(sum0, e0);
       sum1 = hn::Add(sum1, e1);
     }
     if (j < nk) {
-      const VF e = SoftmaxExpF32(d, hn::Load(d, p + j * c.rb), m_use);
+      const VF e = Exp2F32(d, exponent(hn::Load(d, p + j * c.rb)));
       hn::Store(e, d, p + j * c.rb);
       sum0 = hn::Add(sum0, e);
     }
@@ -847,7 +870,8 @@ void FlashAttentionF32(const FlashAttentionTile& t) {
     Panel(t, lay, p0, std::min(lay.panel_rows, t.rows - p0));
 }
 
-// y[i] = exp(x[i]) by `exp` (a vector function), whole vectors and a zero-padded tail.
+// y[i] = exp(x[i]) by `exp` (a vector function: e^x or 2^x), whole vectors and a zero-padded
+// tail.
 template <class Exp>
 void ExpArray(int64_t n, const float* x, float* y, Exp exp) {
   const DF d;
@@ -863,12 +887,13 @@ void ExpArray(int64_t n, const float* x, float* y, Exp exp) {
   }
 }
 
-// The softmax's exp and ExpFastF32 (decode attention's, gelu's), for the tests of the exps alone.
+// The softmax's Exp2F32 and ExpFastF32 (decode attention's, gelu's), for the tests of the exps
+// alone.
 void ExpFastArrayF32(int64_t n, const float* x, float* y) {
   ExpArray(n, x, y, [](VF v) { return ExpFastF32(DF(), v); });
 }
-void SoftmaxExpArrayF32(int64_t n, const float* x, float* y) {
-  ExpArray(n, x, y, [](VF v) { return SoftmaxExpF32(DF(), v, hn::Zero(DF())); });
+void Exp2ArrayF32(int64_t n, const float* x, float* y) {
+  ExpArray(n, x, y, [](VF v) { return Exp2F32(DF(), v); });
 }
 
 }  // namespace tessera::HWY_NAMESPACE
@@ -878,7 +903,7 @@ HWY_AFTER_NAMESPACE();
 namespace tessera {
 HWY_EXPORT(FlashAttentionF32);
 HWY_EXPORT(ExpFastArrayF32);
-HWY_EXPORT(SoftmaxExpArrayF32);
+HWY_EXPORT(Exp2ArrayF32);
 
 namespace cpu {
 
@@ -894,8 +919,8 @@ void exp_fast_f32(int64_t n, const float* x, float* y) {
   HWY_DYNAMIC_DISPATCH(ExpFastArrayF32)(n, x, y);
 }
 
-void softmax_exp_f32(int64_t n, const float* x, float* y) {
-  HWY_DYNAMIC_DISPATCH(SoftmaxExpArrayF32)(n, x, y);
+void exp2_f32(int64_t n, const float* x, float* y) {
+  HWY_DYNAMIC_DISPATCH(Exp2ArrayF32)(n, x, y);
 }
 
 }  // namespace cpu

@@ -7,13 +7,10 @@
 //                      1.2-1.3x ExpF32's throughput on AVX2 (0.31 against 0.40 ns per value,
 //                      Zen 3, exps over an L1-resident row), 1.3-1.5x on SSE4. Decode
 //                      attention's softmax (arguments <= 0; PyTorch's flash kernel accepts a
-//                      20-ulp exp there), gelu's erfc, whose error counts absolutely, and the
-//                      flash kernel's softmax on AVX-512.
-//   SoftmaxExpF32      e^(x - m) for the flash kernel's online softmax (x - m <= 8 there): on
-//                      AVX2 and narrower 2^((x - m) log2 e), relative error at most 2e-7 +
-//                      8e-8 |x - m| (the product's rounding and float log2 e's): 8.4e-7 at the
-//                      kernel's largest argument, more only on terms below e^-8 of their row's
-//                      sum; ExpFastF32 on AVX-512.
+//                      20-ulp exp there) and gelu's erfc, whose error counts absolutely.
+//   Exp2F32            2^y, for the flash kernel's online softmax (e^(x - m) as 2^(x log2 e -
+//                      m log2 e)): at most 2e-7 relative on [-126, 127] (1.7e-7 measured), the
+//                      same bits on AVX2 and AVX-512.
 // All keep NaN a NaN (hn::Exp returns 0, which would silently drop a NaN logit from its row)
 // and return exactly 0 for -inf and below the normal range, never a subnormal. Tail
 // loads/stores: core/simd_tail-inl.h.
@@ -129,28 +126,34 @@ HWY_INLINE V ExpFastF32(D d, V x) {
   return v[0];
 }
 
-// e^(x - m) for the online softmax, x - m <= 88 (scores minus a reference max). On AVX2 and
-// narrower as 2^y with y = (x - m) log2 e: t = y + (1.5 * 2^23 + 127) rounds y to an integer n
-// and leaves n + 127 in t's low bits, so r = y - n is exact (Sterbenz) and t shifted left by 23
-// is 2^n; 2^r = 1 + r P(r), P of degree 4 fitted on [-1/2, 1/2] (1.1e-7 relative). Two
-// multiplies and five FMAs on the FMA pipes against ExpFastF32's nine: AMD cores run the four
-// additions and subtractions on adders of their own. AVX-512 keeps ExpFastF32 (vscalefps takes
-// the scaling; the 2^y form measured level to 2% slower there, Xeon session 35).
+// 2^y for y <= 127: y = -inf gives 0, NaN gives NaN, and below -126 the result is exactly 0
+// (from -126 up it is normal: n >= -126, and r >= 0 where n = -126). The flash kernel's online
+// softmax takes e^(x - m) as 2^(x log2 e - m') with its reference max m' kept in log2 units
+// (RowBlockStep in flash_attention_f32.cc says why that is as exact as e^(x - m)). y = n + r
+// with n = round(y), r in [-1/2, 1/2] exact (Sterbenz); 2^r = 1 + r P(r), P of degree 4 fitted
+// on [-1/2, 1/2] (1.1e-7 relative; 1.7e-7 measured in float). AVX2 and narrower round by the
+// shifter (t = y + 1.5 * 2^23 + 127 leaves n + 127 in t's low bits, so t shifted left by 23 is
+// 2^n), AVX-512 by vrndscaleps and scales with vscalefps (ScaleByPow2OrZero): the same n, r, P
+// and product, hence the same bits.
 template <class D, class V = hn::Vec<D>>
-HWY_INLINE V SoftmaxExpF32(D d, V x, V m) {
+HWY_INLINE V Exp2F32(D d, V y) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  return ExpFastF32(d, hn::Sub(x, m));
+  const V n = hn::Round(y);
 #else
   const hn::RebindToSigned<D> di;
-  const V y = hn::Mul(hn::Sub(x, m), hn::Set(d, 0x1.715476p+0f));
   const V shifter = hn::Set(d, 0x1.8p23f + 127.0f);
   const V t = hn::Add(y, shifter);
-  const V r = hn::Sub(y, hn::Sub(t, shifter));
+  const V n = hn::Sub(t, shifter);
+#endif
+  const V r = hn::Sub(y, n);
   V p = hn::MulAdd(hn::Set(d, 0x1.5bb9f4p-10f), r, hn::Set(d, 0x1.3cea84p-7f));
   p = hn::MulAdd(p, r, hn::Set(d, 0x1.c6b754p-5f));
   p = hn::MulAdd(p, r, hn::Set(d, 0x1.ebf9bcp-3f));
   p = hn::MulAdd(p, r, hn::Set(d, 0x1.62e42ap-1f));
   p = hn::MulAdd(p, r, hn::Set(d, 1.0f));
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  return ScaleByPow2OrZero(d, y, p, /*t, unused there=*/n, n, -126.0f);
+#else
   const V pow2n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, t)));
   return hn::IfThenZeroElse(hn::Lt(y, hn::Set(d, -126.0f)), hn::Mul(p, pow2n));
 #endif
