@@ -572,7 +572,7 @@ bool RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
   // magnitude: m stays in natural units there, the exponent (x - m) log2 e.
   constexpr bool kLog2Reference = HWY_NATIVE_FMA;
   bool rescale = false;
-  const VF log2e = hn::Set(d, 0x1.715476p+0f);
+  const VF log2e = hn::Set(d, kLog2eF32);
   const VF slack = hn::Set(d, kLog2Reference ? kRescaleSlack : kRescaleSlack * 0x1.62e43p-1f);
   for (size_t rv = 0; rv < RV; ++rv) {
     const VF m_old = hn::Load(d, c.m + rv * N);

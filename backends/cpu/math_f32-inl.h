@@ -31,6 +31,9 @@ HWY_BEFORE_NAMESPACE();
 namespace tessera::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// log2 e rounded to float: the exps' x log2 e, and the flash kernel's scores into log2 units.
+constexpr float kLog2eF32 = 0x1.715476p+0f;
+
 // The last step of ExpF32 and ExpFastF32: p 2^n, or 0 where x < flush_below (x = -inf
 // included; a NaN x gives a NaN p and stays NaN). t = n + 1.5 * 2^23 holds n in its low
 // mantissa bits. 2^n as a float: exponent field (n + 127) << 23; the shifter's own bits
@@ -68,7 +71,7 @@ HWY_INLINE V ExpF32(D d, V x) {
   // Adding 1.5 * 2^23 rounds x/ln2 to the nearest integer n (the float add has no fraction
   // bits left at that magnitude) and leaves n in the low mantissa bits of t.
   const V kShifter = hn::Set(d, 12582912.0f);
-  const V t = hn::MulAdd(x, hn::Set(d, 1.44269504088896341f), kShifter);
+  const V t = hn::MulAdd(x, hn::Set(d, kLog2eF32), kShifter);
   const V n = hn::Sub(t, kShifter);
   // r = x - n ln2 with ln2 split in two (Cody-Waite): n * 0.693145751953125 is exact for
   // |n| < 2^11, so |r| <= ln2/2 carries no cancellation error.
@@ -103,7 +106,7 @@ HWY_INLINE void ExpFastF32Interleaved(D d, V (&x)[K]) {
   // leaves n in the low mantissa bits of t.
   const V shifter = hn::Set(d, 0x1.8p23f);
   V t[K], n[K], r[K], p[K];
-  for (size_t u = 0; u < K; ++u) t[u] = hn::MulAdd(x[u], hn::Set(d, 0x1.715476p+0f), shifter);
+  for (size_t u = 0; u < K; ++u) t[u] = hn::MulAdd(x[u], hn::Set(d, kLog2eF32), shifter);
   // Cody-Waite: ln2_hi has 17 significant bits, so n * ln2_hi is exact for |n| <= 127.
   for (size_t u = 0; u < K; ++u) {
     n[u] = hn::Sub(t[u], shifter);
