@@ -22,6 +22,19 @@ namespace tessera {
 struct FlashAttentionTile;
 struct DecodeAttentionBlock;
 
+// A matrix's rows as the projection kernels read or write them: row r at rows[r] when `rows` is
+// given (a gather or a scatter folded into the product: Swin's window partition), else at
+// base + r * stride; the columns of a row contiguous.
+template <class T>
+struct MatrixRows {
+  T* base = nullptr;
+  int64_t stride = 0;
+  T* const* rows = nullptr;
+  T* row(int64_t r) const { return rows != nullptr ? rows[r] : base + r * stride; }
+};
+using RowsInF32 = MatrixRows<const float>;
+using RowsOutF32 = MatrixRows<float>;
+
 // Projection kernels for one stored weight dtype, y[r, j] = sum_i x[r, i] w[j, i] + bias[j]
 // (x, bias, y float32; w in that dtype; bias may be null), in two steps: pack copies rows of x
 // into panels of panel_rows rows (panels p0 .. p1-1 of the ceil(m / panel_rows), each
@@ -66,12 +79,12 @@ struct LinearKernels {
                        float* panels) = nullptr;
   // `panels` also takes the columns the caller computes next, [next_c0, next_c1) (empty for
   // none): a hint (their weights are prefetched while this call runs), never read or written.
-  void (*panels)(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t r1,
-                 const float* panels, int64_t n, int64_t c0, int64_t c1, int64_t next_c0,
-                 int64_t next_c1, const float* bias, float* y, int64_t ldy) = nullptr;
-  void (*panels_matvec)(int64_t m, int64_t k, const float* x, int64_t ldx, const float* panels,
-                        int64_t n, int64_t c0, int64_t c1, const float* bias, float* y,
-                        int64_t ldy) = nullptr;
+  // Both read x's rows and write y's through MatrixRows: strided, or one pointer per row.
+  void (*panels)(int64_t k, RowsInF32 x, int64_t r0, int64_t r1, const float* panels, int64_t n,
+                 int64_t c0, int64_t c1, int64_t next_c0, int64_t next_c1, const float* bias,
+                 RowsOutF32 y) = nullptr;
+  void (*panels_matvec)(int64_t m, int64_t k, RowsInF32 x, const float* panels, int64_t n,
+                        int64_t c0, int64_t c1, const float* bias, RowsOutF32 y) = nullptr;
 };
 
 // An elementwise map y[i] = f(x[i]) for i < n (y may alias x), named by the op it serves.

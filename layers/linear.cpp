@@ -119,11 +119,11 @@ bool small_product(int64_t rows, int64_t in_features, int64_t out_features) {
 
 // `act` over rows [r0, r1) x columns [c0, c1) of y, in place, with the elementwise ops' kernels.
 void apply_activation_f32(const KernelTable& k, Activation act, int64_t r0, int64_t r1,
-                          int64_t c0, int64_t c1, float* y, int64_t y_stride) {
+                          int64_t c0, int64_t c1, RowsOutF32 y) {
   if (act == Activation::none || c1 <= c0) return;
   const UnaryMapF32 relu = act == Activation::relu ? k.unary_map_f32("relu") : nullptr;
   for (int64_t r = r0; r < r1; ++r) {
-    float* row = y + r * y_stride + c0;
+    float* row = y.row(r) + c0;
     if (relu)
       relu(c1 - c0, row, row);
     else
@@ -138,22 +138,19 @@ void apply_activation_f32(const KernelTable& k, Activation act, int64_t r0, int6
 // tiles (below). The split changes no result (one FMA chain per element in k order), so it may
 // follow the thread count.
 void linear_panels_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in_features,
-                               int64_t out_features, const float* x, int64_t x_stride,
-                               const float* panels, const float* bias, float* y,
-                               int64_t y_stride, bool one_thread, const KernelTable& k,
-                               Activation act) {
+                               int64_t out_features, RowsInF32 x, const float* panels,
+                               const float* bias, RowsOutF32 y, bool one_thread,
+                               const KernelTable& k, Activation act) {
   if (lk.panels_matvec != nullptr && rows <= lk.matvec_max_rows) {
     for_matvec_blocks(in_features, out_features, [&](int64_t n0, int64_t n1) {
-      lk.panels_matvec(rows, in_features, x, x_stride, panels, out_features, n0, n1, bias, y,
-                       y_stride);
-      apply_activation_f32(k, act, 0, rows, n0, std::min(n1, out_features), y, y_stride);
+      lk.panels_matvec(rows, in_features, x, panels, out_features, n0, n1, bias, y);
+      apply_activation_f32(k, act, 0, rows, n0, std::min(n1, out_features), y);
     });
     return;
   }
   if (one_thread) {
-    lk.panels(in_features, x, x_stride, 0, rows, panels, out_features, 0, out_features, 0, 0,
-              bias, y, y_stride);
-    apply_activation_f32(k, act, 0, rows, 0, out_features, y, y_stride);
+    lk.panels(in_features, x, 0, rows, panels, out_features, 0, out_features, 0, 0, bias, y);
+    apply_activation_f32(k, act, 0, rows, 0, out_features, y);
     return;
   }
   // Columns split at whole tiles of the dispatched target: 48 features on AVX-512, 16 on AVX2.
@@ -203,9 +200,8 @@ void linear_panels_forward_f32(const LinearKernels& lk, int64_t rows, int64_t in
       // a run of consecutive tasks): the kernel prefetches its first weights.
       const auto [next_c0, next_c1] =
           t + 1 < tasks ? columns(t + 1) : std::pair<int64_t, int64_t>(0, 0);
-      lk.panels(in_features, x, x_stride, r0, r1, panels, out_features, c0, c1, next_c0, next_c1,
-                bias, y, y_stride);
-      apply_activation_f32(k, act, r0, r1, c0, c1, y, y_stride);
+      lk.panels(in_features, x, r0, r1, panels, out_features, c0, c1, next_c0, next_c1, bias, y);
+      apply_activation_f32(k, act, r0, r1, c0, c1, y);
     }
   });
 }
@@ -294,9 +290,9 @@ void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
   const KernelTable& k = device.kernels();
   if (const LinearKernels* lk = k.linear(DType::F32);
       weight.panels != nullptr && lk != nullptr && lk->panels != nullptr) {
-    linear_panels_forward_f32(*lk, rows, in_features, out_features, x, x_stride, weight.panels,
-                              bias, y, y_stride, small_product(rows, in_features, out_features),
-                              k, act);
+    linear_panels_forward_f32(*lk, rows, in_features, out_features, RowsInF32{x, x_stride},
+                              weight.panels, bias, RowsOutF32{y, y_stride},
+                              small_product(rows, in_features, out_features), k, act);
     return;
   }
   linear_rows_forward_f32(k, rows, in_features, out_features, x, x_stride, weight.rows, bias, y,
@@ -305,8 +301,28 @@ void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
   // Split as the elementwise ops split their work: by rows of >= kElementGrain elements.
   const int64_t grain = std::max<int64_t>(1, kElementGrain / out_features);
   parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-    apply_activation_f32(k, act, r0, r1, 0, out_features, y, y_stride);
+    apply_activation_f32(k, act, r0, r1, 0, out_features, RowsOutF32{y, y_stride});
   });
+}
+
+void linear_forward_rows_f32(const Device& device, int64_t rows, int64_t in_features,
+                             int64_t out_features, RowsInF32 x, ProjectionWeight weight,
+                             const float* bias, RowsOutF32 y) {
+  if (rows <= 0 || out_features <= 0) return;
+  const KernelTable& k = device.kernels();
+  if (const LinearKernels* lk = k.linear(DType::F32);
+      weight.panels != nullptr && lk != nullptr && lk->panels != nullptr) {
+    linear_panels_forward_f32(*lk, rows, in_features, out_features, x, weight.panels, bias, y,
+                              small_product(rows, in_features, out_features), k,
+                              Activation::none);
+    return;
+  }
+  // A weight without panels (a network packs every projection it owns: not a path the models
+  // take): row by row, each the few-rows product against w read in place, which needs no
+  // workspace and reads w once per row.
+  for (int64_t r = 0; r < rows; ++r)
+    linear_rows_forward_f32(k, 1, in_features, out_features, x.row(r), in_features, weight.rows,
+                            bias, y.row(r), out_features, nullptr);
 }
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias)

@@ -27,6 +27,15 @@ void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
                         ProjectionWeight w, const float* bias, float* y, int64_t y_stride,
                         float* workspace, Activation act = Activation::none);
 
+// The same product with x's rows and y's each strided or at one pointer per row (MatrixRows,
+// core/kernels.h): a gather of x's rows and a scatter of y's folded into it (Swin's window
+// partition reads the map's cells in place and writes its output's). No workspace, no
+// activation. With w.panels the packed kernel runs exactly as for linear_forward_f32 (same
+// bits); without, each row is a few-rows product against w's rows.
+void linear_forward_rows_f32(const Device& device, int64_t rows, int64_t in_features,
+                             int64_t out_features, RowsInF32 x, ProjectionWeight w,
+                             const float* bias, RowsOutF32 y);
+
 // nn.Linear(in_features, out_features, bias): parameters `weight` [out, in], `bias` [out].
 class Linear {
  public:

@@ -8,14 +8,15 @@
 // shift regions]) v; proj; reverse the windows, roll back, crop to H, W.
 //
 // Here: the windows, a group of them at a time (windows_per_group: all of them unless the L2
-// holds a group and the weights), are gathered (pad + roll + partition) into the workspace as
-// [windows*N, C] rows, projected with one linear_forward_f32, run through the one attention core
-// (layers/attention_core.h) as a batch of windows - the bias looked up in the tile
-// (relative_position_index, core/attention_tile.h, is torchvision's index for a Wh x Ww window),
-// the shift mask from per-token region ids of each window (shifted_window_region), never a
-// [windows, N, N] tensor - then proj, and each token scattered back (roll back and crop) into
-// the output. H and W must be fixed when the network is resolved (E_SHAPE if open); B may be
-// open.
+// holds a group and the weights), as [windows*N, C] rows in window order (pad + roll +
+// partition) that the qkv projection reads in place, one pointer per row into x (a zero row
+// for a padding cell: linear_forward_rows_f32), into [windows*N, 3C]; then the one attention
+// core (layers/attention_core.h) over the group as a batch of windows - the bias looked up in
+// the tile (relative_position_index, core/attention_tile.h, is torchvision's index for a Wh x Ww
+// window), the shift mask from per-token region ids of each window (shifted_window_region),
+// never a [windows, N, N] tensor - and proj, which writes each token's row straight into its
+// cell of the output (roll back and crop). H and W must be fixed when the network is resolved
+// (E_SHAPE if open); B may be open.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -114,12 +115,12 @@ AttentionArgs core_args(const SwinOptions& o, const SwinGeometry& g) {
   return a;
 }
 
-// Windows per group. The forward takes the windows a group at a time, gather to scatter, so
+// Windows per group. The forward takes the windows a group at a time, qkv to proj, so
 // that the core reads the group's q, k and v from L2 where its projection just wrote them: over
 // all of stage 1's windows at once (3.6 MB of qkv at 56 x 56 x 96) the core found them in memory,
 // its strided rows a few lines in flight at a time, and took 1.4-1.6 ms against 1.0 warm
 // (swin_t, AVX2, one thread, Zen 4). A group is a divisor of an image's windows (groups never
-// straddle images) whose gathered tokens, qkv and proj input fit half the L2. Every group reads
+// straddle images) whose rows of x, qkv and proj input fit half the L2. Every group reads
 // the layer's weights again, so only where they (4 C^2 floats) also fit half the L2 (Swin-T's
 // first stage: 147 KiB); otherwise one group of every window of every image.
 int64_t windows_per_group(const SwinGeometry& g) {
@@ -138,21 +139,25 @@ int64_t windows_per_group(const SwinGeometry& g) {
 // One group's buffers (SwinScratch::buffers, one slot per worker), as offsets in floats from
 // the start of a slot, each on a 64-byte line; `floats` is the slot's size. rows =
 // windows_per_group * N.
-//   tokens [rows, C] at 0: the gathered windows, reused for the proj output
-//   qkv [rows, 3C], ctx [rows, C] (the proj input), linear: the projections' packed input
+//   qkv [rows, 3C], ctx [rows, C] (the proj input);
+//   x_rows, out_rows [rows] pointers: each row's cell in x and in the output;
+//   spare [rows, C] where the map is padded: a padding row's zeros for qkv, then its proj output
+//   (dropped, as the crop drops it).
 struct GroupLayout {
-  int64_t qkv = 0, ctx = 0, linear = 0, floats = 0;
+  int64_t qkv = 0, ctx = 0, x_rows = 0, out_rows = 0, spare = 0, floats = 0;
 };
 GroupLayout group_layout(const SwinGeometry& g, int64_t rows) {
-  const Device& device = cpu_device();
   const auto line = [](int64_t floats) { return (floats + 15) / 16 * 16; };
+  constexpr int64_t kPointerFloats = int64_t{sizeof(void*)} / int64_t{sizeof(float)};
   const int64_t C = g.C;
+  const bool padded = g.pad_h != g.H || g.pad_w != g.W;
   GroupLayout l;
-  l.qkv = line(rows * C);
+  l.qkv = 0;
   l.ctx = l.qkv + line(rows * 3 * C);
-  l.linear = l.ctx + line(rows * C);
-  l.floats = l.linear + line(std::max(linear_workspace_floats(device, rows, C, 3 * C),
-                                      linear_workspace_floats(device, rows, C, C)));
+  l.x_rows = l.ctx + line(rows * C);
+  l.out_rows = l.x_rows + line(rows * kPointerFloats);
+  l.spare = l.out_rows + line(rows * kPointerFloats);
+  l.floats = l.spare + (padded ? line(rows * C) : 0);
   return l;
 }
 
@@ -204,36 +209,23 @@ int64_t token_cell(const SwinOptions& o, const SwinGeometry& g, int64_t r) {
   return y < g.H && x < g.W ? (b * g.H + y) * g.W + x : -1;
 }
 
-// Pad + roll + partition: gathered rows r0 .. r0 + rows - 1 into tokens [rows, C].
-void gather_windows(const SwinOptions& o, const SwinGeometry& g, const float* x, int64_t r0,
-                    int64_t rows, float* tokens) {
+// Rows r0 .. r0 + rows - 1 in the gathered order (pad + roll + partition): each row's cell in x
+// and in out, or for a padding cell a row of `spare`, zeroed, for both.
+void window_rows(const SwinOptions& o, const SwinGeometry& g, const float* x, float* out,
+                 int64_t r0, int64_t rows, float* spare, const float** x_rows, float** out_rows) {
   const int64_t C = g.C;
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1));
-  parallel_for(0, rows, grain, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t cell = token_cell(o, g, r0 + i);
-      float* dst = tokens + i * C;
-      if (cell >= 0)
-        std::memcpy(dst, x + cell * C, static_cast<size_t>(C) * sizeof(float));
-      else
-        std::memset(dst, 0, static_cast<size_t>(C) * sizeof(float));
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t cell = token_cell(o, g, r0 + i);
+    if (cell >= 0) {
+      x_rows[i] = x + cell * C;
+      out_rows[i] = out + cell * C;
+    } else {
+      float* zeros = spare + i * C;
+      std::memset(zeros, 0, static_cast<size_t>(C) * sizeof(float));
+      x_rows[i] = zeros;
+      out_rows[i] = zeros;
     }
-  });
-}
-
-// The inverse for the same rows (reverse windows, roll back by +shift, crop): each token into
-// its cell, padding dropped. token_cell is one to one, so the groups' rows cover the output.
-void scatter_windows(const SwinOptions& o, const SwinGeometry& g, const float* tokens, int64_t r0,
-                     int64_t rows, float* out) {
-  const int64_t C = g.C;
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1));
-  parallel_for(0, rows, grain, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t cell = token_cell(o, g, r0 + i);
-      if (cell >= 0)
-        std::memcpy(out + cell * C, tokens + i * C, static_cast<size_t>(C) * sizeof(float));
-    }
-  });
+  }
 }
 
 class SwinAttentionLayer : public OpLayer {
@@ -291,25 +283,29 @@ class SwinAttentionLayer : public OpLayer {
     attention_prepare_f32(device, a, s.core);
     a.prepared = true;
 
-    // 2. Per group of windows (windows_per_group), in the gathered order: gather its rows (pad +
-    //    roll + partition); q | k | v = tokens qkv.weight^T + qkv.bias, one [rows, C] x [C, 3C]
-    //    GEMM; attention per window, written straight into the proj input; proj into the (no
-    //    longer needed) gathered rows; scatter them back into place. A group runs on one thread
-    //    and the groups over the threads; one group of every window runs each op over them.
+    // 2. Per group of windows (windows_per_group), in the gathered order (pad + roll +
+    //    partition): q | k | v = x's rows qkv.weight^T + qkv.bias, one [rows, C] x [C, 3C]
+    //    GEMM reading each row in its cell; attention per window, written straight into the
+    //    proj input; proj, writing each row into its cell of the output (roll back, crop). The
+    //    copies in and out this replaced were ~1% of swin_t (memcpy of 384-byte rows). A group
+    //    runs on one thread and the groups over the threads; one group of every window runs
+    //    each op over them.
     const int64_t per_group = s.per_group, rows = per_group * g.N;
     const GroupLayout& lay = s.group;
     const float* qkv_bias = o_.qkv_bias ? params_.tensor("qkv.bias").data<float>() : nullptr;
     const float* proj_bias = o_.proj_bias ? params_.tensor("proj.bias").data<float>() : nullptr;
     const auto run_group = [&](int64_t group) {
       const WorkerScratch::Lease lease = s.buffers.acquire();
-      float* tokens = lease.as<float>();
-      float* qkv = tokens + lay.qkv;
-      float* ctx = tokens + lay.ctx;
-      float* linear = tokens + lay.linear;
+      float* slot = lease.as<float>();
+      float* qkv = slot + lay.qkv;
+      float* ctx = slot + lay.ctx;
+      const auto x_rows = reinterpret_cast<const float**>(slot + lay.x_rows);
+      const auto out_rows = reinterpret_cast<float**>(slot + lay.out_rows);
       const int64_t w0 = group * per_group, r0 = w0 * g.N;
-      gather_windows(o_, g, x.data<float>(), r0, rows, tokens);
-      linear_forward_f32(device, rows, C, C3, tokens, C, params_.projection("qkv.weight"),
-                         qkv_bias, qkv, C3, linear);
+      window_rows(o_, g, x.data<float>(), out[0]->data<float>(), r0, rows, slot + lay.spare,
+                  x_rows, out_rows);
+      linear_forward_rows_f32(device, rows, C, C3, RowsInF32{nullptr, 0, x_rows},
+                              params_.projection("qkv.weight"), qkv_bias, RowsOutF32{qkv, C3});
       AttentionArgs ga = a;
       ga.batch = per_group;
       ga.q = qkv;
@@ -323,9 +319,9 @@ class SwinAttentionLayer : public OpLayer {
         ga.region_groups = std::min(per_group, g.windows);
       }
       attention_forward_f32(device, ga, s.core);
-      linear_forward_f32(device, rows, C, C, ctx, C, params_.projection("proj.weight"),
-                         proj_bias, tokens, C, linear);
-      scatter_windows(o_, g, tokens, r0, rows, out[0]->data<float>());
+      linear_forward_rows_f32(device, rows, C, C, RowsInF32{ctx, C},
+                              params_.projection("proj.weight"), proj_bias,
+                              RowsOutF32{nullptr, 0, out_rows});
     };
     if (s.groups == 1) {
       run_group(0);

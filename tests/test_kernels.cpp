@@ -1342,7 +1342,8 @@ BOOST_AUTO_TEST_CASE(linear_panels_match_float64_any_split_and_the_packed_kernel
         k.pack_weights(s.n, s.kk, w.data(), s.kk, npanels / 2, npanels, panels.data());
         const float* b = with_bias ? bias.data() : nullptr;
         std::vector<float> y(static_cast<size_t>(s.m * ldy), kSentinel), y2 = y, y3 = y;
-        k.panels(s.kk, x.data(), ldx, 0, s.m, panels.data(), s.n, 0, s.n, 0, 0, b, y.data(), ldy);
+        k.panels(s.kk, RowsInF32{x.data(), ldx}, 0, s.m, panels.data(), s.n, 0, s.n, 0, 0, b,
+                 RowsOutF32{y.data(), ldy});
         BOOST_TEST(linear_mismatches("panels", s.m, s.n, s.kk, x.data(), ldx, w.data(), b, y,
                                      ldy, kSentinel) == 0);
         // Columns in steps of one tile and of one weight panel (a partial tile), each call
@@ -1351,8 +1352,8 @@ BOOST_AUTO_TEST_CASE(linear_panels_match_float64_any_split_and_the_packed_kernel
         const int64_t step = (s.m % 2 == 0) ? k.panel_tile_cols() : k.weight_panel;
         for (int64_t r0 = 0; r0 < s.m; r0 += 5)
           for (int64_t c0 = 0; c0 < s.n; c0 += step)
-            k.panels(s.kk, x.data(), ldx, r0, std::min(s.m, r0 + 5), panels.data(), s.n, c0,
-                     c0 + step, c0 + step, c0 + 2 * step, b, y2.data(), ldy);
+            k.panels(s.kk, RowsInF32{x.data(), ldx}, r0, std::min(s.m, r0 + 5), panels.data(),
+                     s.n, c0, c0 + step, c0 + step, c0 + 2 * step, b, RowsOutF32{y2.data(), ldy});
         const int split = bit_differences(y, y2);
         BOOST_TEST(split == 0, "m" << s.m << " n" << s.n << " k" << s.kk << ": split changed "
                                    << split << " elements");
@@ -1370,12 +1371,38 @@ BOOST_AUTO_TEST_CASE(linear_panels_match_float64_any_split_and_the_packed_kernel
         std::vector<float> y4(y.size(), kSentinel);
         for (int64_t r0 = 0; r0 < s.m; r0 += k.matvec_max_rows)
           for (int64_t c0 = 0; c0 < s.n; c0 += 4 * k.weight_panel)
-            k.panels_matvec(std::min(k.matvec_max_rows, s.m - r0), s.kk, x.data() + r0 * ldx,
-                            ldx, panels.data(), s.n, c0, c0 + 4 * k.weight_panel, b,
-                            y4.data() + r0 * ldy, ldy);
+            k.panels_matvec(std::min(k.matvec_max_rows, s.m - r0), s.kk,
+                            RowsInF32{x.data() + r0 * ldx, ldx}, panels.data(), s.n, c0,
+                            c0 + 4 * k.weight_panel, b, RowsOutF32{y4.data() + r0 * ldy, ldy});
         const int steps = bit_differences(y, y4);
         BOOST_TEST(steps == 0, "m" << s.m << " n" << s.n << " k" << s.kk << ": panels_matvec "
                                    << "differs in " << steps << " elements");
+        // Rows through one pointer each (a gather and a scatter folded into the product), in
+        // reverse order, in the split pieces and as decode steps: row i reads x row m-1-i and
+        // writes y row m-1-i, so y comes out in place, the same bits.
+        std::vector<const float*> x_rows(static_cast<size_t>(s.m));
+        std::vector<float> y5(y.size(), kSentinel), y6 = y5;
+        std::vector<float*> y5_rows(x_rows.size()), y6_rows(x_rows.size());
+        for (int64_t i = 0; i < s.m; ++i) {
+          x_rows[static_cast<size_t>(i)] = x.data() + (s.m - 1 - i) * ldx;
+          y5_rows[static_cast<size_t>(i)] = y5.data() + (s.m - 1 - i) * ldy;
+          y6_rows[static_cast<size_t>(i)] = y6.data() + (s.m - 1 - i) * ldy;
+        }
+        for (int64_t r0 = 0; r0 < s.m; r0 += 5)
+          for (int64_t c0 = 0; c0 < s.n; c0 += step)
+            k.panels(s.kk, RowsInF32{nullptr, 0, x_rows.data()}, r0, std::min(s.m, r0 + 5),
+                     panels.data(), s.n, c0, c0 + step, c0 + step, c0 + 2 * step, b,
+                     RowsOutF32{nullptr, 0, y5_rows.data()});
+        for (int64_t r0 = 0; r0 < s.m; r0 += k.matvec_max_rows)
+          k.panels_matvec(std::min(k.matvec_max_rows, s.m - r0), s.kk,
+                          RowsInF32{nullptr, 0, x_rows.data() + r0}, panels.data(), s.n, 0, s.n,
+                          b, RowsOutF32{nullptr, 0, y6_rows.data() + r0});
+        const int gathered = bit_differences(y, y5), gathered_steps = bit_differences(y, y6);
+        BOOST_TEST(gathered == 0, "m" << s.m << " n" << s.n << " k" << s.kk << ": row pointers "
+                                      << "differ in " << gathered << " elements");
+        BOOST_TEST(gathered_steps == 0, "m" << s.m << " n" << s.n << " k" << s.kk
+                                            << ": row pointers, decode steps, differ in "
+                                            << gathered_steps << " elements");
       }
     }
   });

@@ -839,6 +839,61 @@ BOOST_AUTO_TEST_CASE(linear_forward_applies_activations_as_the_elementwise_kerne
       }
 }
 
+// linear_forward_rows_f32 (Swin's partition folded into its projections): x's rows read and
+// y's written through one pointer each, here in reverse order. With panels the bits of
+// linear_forward_f32 on the same rows (one thread and two: the task split); without (a weight
+// the device did not pack), a float64 product's values, row by row; rows past y's untouched.
+BOOST_AUTO_TEST_CASE(linear_forward_rows_reads_and_writes_through_row_pointers) {
+  const Device& dev = cpu_device();
+  const LinearKernels& lk = *dev.kernels().linear(DType::F32);
+  constexpr int64_t K = 48, N = 100;  // 300 rows: 2.9 MFLOP, split in tasks
+  const int64_t npanels = (N + lk.weight_panel - 1) / lk.weight_panel;
+  const Tensor w = random_tensor({N, K}, 71), b = random_tensor({N}, 72);
+  Tensor panels = Tensor::empty({npanels * lk.weight_panel * K});
+  lk.pack_weights(N, K, w.data<float>(), K, 0, npanels, panels.data<float>());
+  for (const int threads : {1, 2})
+    for (const bool with_panels : {false, true})
+      for (const int64_t rows : {1, 3, 37, 300}) {
+        set_num_threads(threads);
+        const Tensor x = random_tensor({rows, K}, 73 + static_cast<uint64_t>(rows));
+        Tensor y = Tensor::full({rows + 1, N}, -7.0f), ref = Tensor::empty({rows, N});
+        const ProjectionWeight weight(w.data<float>(),
+                                      with_panels ? panels.data<float>() : nullptr);
+        std::vector<const float*> x_rows(static_cast<size_t>(rows));
+        std::vector<float*> y_rows(x_rows.size());
+        for (int64_t i = 0; i < rows; ++i) {
+          x_rows[static_cast<size_t>(i)] = x.data<float>() + (rows - 1 - i) * K;
+          y_rows[static_cast<size_t>(i)] = y.data<float>() + (rows - 1 - i) * N;
+        }
+        linear_forward_rows_f32(dev, rows, K, N, RowsInF32{nullptr, 0, x_rows.data()}, weight,
+                                b.data<float>(), RowsOutF32{nullptr, 0, y_rows.data()});
+        const std::vector<double> got = y.to_double_vector();
+        for (int64_t j = 0; j < N; ++j) BOOST_TEST(got[static_cast<size_t>(rows * N + j)] == -7.0);
+        std::string where = "threads " + std::to_string(threads) + " rows " +
+                            std::to_string(rows) + (with_panels ? " panels" : " w rows");
+        if (with_panels) {
+          Tensor ws = Tensor::empty({linear_workspace_floats(dev, rows, K, N) + 1});
+          linear_forward_f32(dev, rows, K, N, x.data<float>(), K, weight, b.data<float>(),
+                             ref.data<float>(), N, ws.data<float>());
+          const std::vector<double> want = ref.to_double_vector();
+          BOOST_TEST(std::equal(want.begin(), want.end(), got.begin()), where);
+          continue;
+        }
+        const float* xv = x.data<float>();
+        const float* wv = w.data<float>();
+        double worst = 0.0;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < N; ++j) {
+            double sum = b.data<float>()[j];
+            for (int64_t kk = 0; kk < K; ++kk)
+              sum += static_cast<double>(xv[r * K + kk]) * wv[j * K + kk];
+            worst = std::max(worst, std::abs(got[static_cast<size_t>(r * N + j)] - sum));
+          }
+        BOOST_TEST(worst <= 1e-5, where << ": max |y - float64| = " << worst);
+      }
+  set_num_threads(0);
+}
+
 BOOST_AUTO_TEST_CASE(plan_shares_unequal_buffers_by_lifetime) {
   // Widths 64, 8, 128, 8: the 64-float and 128-float values never overlap, so they share one
   // buffer grown to 128; the two 8-wide values share another.

@@ -45,16 +45,16 @@ inline constexpr int64_t kLinearPanelRowBlock = 240;
 void linear_pack_weights_f32(int64_t n, int64_t k, const float* w, int64_t ldw, int64_t q0,
                              int64_t q1, float* panels);
 // y[r, c] = x[r, :] . w[c, :] + bias[c] for rows r0 .. r1 - 1 and columns c0 .. c1 - 1 (c0 a
-// multiple of kLinearWeightPanel, c1 clamped to n) from the panels; bias may be null. Columns
+// multiple of kLinearWeightPanel, c1 clamped to n) from the panels; bias may be null; x's and
+// y's rows strided or one pointer each (MatrixRows, core/kernels.h). Columns
 // [next_c0, next_c1) (next_c0 a multiple of kLinearWeightPanel; empty for none) are the ones
 // the caller computes next: their first weights are prefetched, never read or written.
-void linear_panels_f32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t r1,
-                       const float* panels, int64_t n, int64_t c0, int64_t c1, int64_t next_c0,
-                       int64_t next_c1, const float* bias, float* y, int64_t ldy);
+void linear_panels_f32(int64_t k, RowsInF32 x, int64_t r0, int64_t r1, const float* panels,
+                       int64_t n, int64_t c0, int64_t c1, int64_t next_c0, int64_t next_c1,
+                       const float* bias, RowsOutF32 y);
 // The same for m <= kLinearMatvecRows rows (c0 a multiple of 16), each panel streamed once.
-void linear_panels_matvec_f32(int64_t m, int64_t k, const float* x, int64_t ldx,
-                              const float* panels, int64_t n, int64_t c0, int64_t c1,
-                              const float* bias, float* y, int64_t ldy);
+void linear_panels_matvec_f32(int64_t m, int64_t k, RowsInF32 x, const float* panels, int64_t n,
+                              int64_t c0, int64_t c1, const float* bias, RowsOutF32 y);
 // Few rows (m <= kLinearMatvecRows): one dot product per output, the weights streamed once.
 inline constexpr int64_t kLinearMatvecRows = 4;
 void linear_matvec_f32(int64_t m, int64_t k, const float* x, int64_t ldx, const void* w,

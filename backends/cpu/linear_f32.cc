@@ -306,14 +306,22 @@ struct NextLines {
   bool into_l2 = false;
 };
 
+// The tile's rows: row .. row + ROWS - 1 of x from step k0 on and of y from column c0 on. x and
+// y by reference: by value (24 bytes each, on the stack) every tile call stored them in 8-byte
+// halves and a callee read them back 16 bytes at a time, a failed store-to-load forwarding that
+// showed as ~1% of swin_t's samples (perf, Zen 4, AVX2).
 template <size_t ROWS, size_t PANELS>
-void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_stride, size_t kc,
-                   size_t cols, bool first, const float* bias, float* y, int64_t ldy,
-                   const NextLines& next) {
+void PanelTileRows(const RowsInF32& x, int64_t row, int64_t k0, const float* wp,
+                   int64_t panel_stride, size_t kc, size_t cols, bool first, const float* bias,
+                   const RowsOutF32& yrows, int64_t c0, const NextLines& next) {
   const DF d;
   const size_t panels = (cols + kWeightPanel - 1) / kWeightPanel;
   const float* xr[ROWS];
-  for (size_t r = 0; r < ROWS; ++r) xr[r] = x + static_cast<int64_t>(r) * ldx;
+  float* y[ROWS];
+  for (size_t r = 0; r < ROWS; ++r) {
+    xr[r] = x.row(row + static_cast<int64_t>(r)) + k0;
+    y[r] = yrows.row(row + static_cast<int64_t>(r)) + c0;
+  }
   const float* wq[PANELS];
   for (size_t q = 0; q < PANELS; ++q)
     wq[q] = wp + static_cast<int64_t>(std::min(q, panels - 1)) * panel_stride;
@@ -321,14 +329,14 @@ void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_s
   HWY_ALIGN float edge[ROWS][PANELS * kWeightPanel];
   if (!full && !first)
     for (size_t r = 0; r < ROWS; ++r)
-      std::memcpy(edge[r], y + static_cast<int64_t>(r) * ldy, cols * sizeof(float));
+      std::memcpy(edge[r], y[r], cols * sizeof(float));
   VF acc[ROWS][PANELS][kWVecs];
   for (size_t r = 0; r < ROWS; ++r)
     for (size_t q = 0; q < PANELS; ++q)
       for (size_t v = 0; v < kWVecs; ++v) {
         const size_t c = q * kWeightPanel + v * kLanes;
         acc[r][q][v] = first  ? hn::Zero(d)
-                       : full ? hn::LoadU(d, y + static_cast<int64_t>(r) * ldy + c)
+                       : full ? hn::LoadU(d, y[r] + c)
                               : hn::Load(d, edge[r] + c);
       }
   // The steps that also prefetch a line of the next slice (the first next.steps) run as a loop
@@ -380,7 +388,7 @@ void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_s
           const size_t c = q * kWeightPanel + v * kLanes;
           VF out = acc[r][q][v];
           if (bias) out = hn::Add(out, hn::LoadU(d, bias + c));
-          hn::StoreU(out, d, y + static_cast<int64_t>(r) * ldy + c);
+          hn::StoreU(out, d, y[r] + c);
         }
     return;
   }
@@ -389,7 +397,7 @@ void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_s
       for (size_t v = 0; v < kWVecs; ++v)
         hn::Store(acc[r][q][v], d, edge[r] + q * kWeightPanel + v * kLanes);
   for (size_t r = 0; r < ROWS; ++r) {
-    float* HWY_RESTRICT out = y + static_cast<int64_t>(r) * ldy;
+    float* HWY_RESTRICT out = y[r];
     for (size_t c = 0; c < cols; ++c) out[c] = bias ? edge[r][c] + bias[c] : edge[r][c];
   }
 }
@@ -400,15 +408,15 @@ void PanelTileRows(const float* x, int64_t ldx, const float* wp, int64_t panel_s
 // and ran at ~3/8 of the full tile's rate. Each element is the same FMA chain whatever the
 // tile's height, so this changes no result bit.
 template <size_t PANELS, size_t H = kTileRows>
-void PanelTileOf(const float* x, int64_t ldx, const float* wp, int64_t panel_stride, size_t kc,
-                 size_t rows, size_t cols, bool first, const float* bias, float* y, int64_t ldy,
-                 const NextLines& next) {
+void PanelTileOf(const RowsInF32& x, int64_t row, int64_t k0, const float* wp,
+                 int64_t panel_stride, size_t kc, size_t rows, size_t cols, bool first,
+                 const float* bias, const RowsOutF32& y, int64_t c0, const NextLines& next) {
   if constexpr (H > 1) {
     if (rows < H)
-      return PanelTileOf<PANELS, H - 1>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y,
-                                        ldy, next);
+      return PanelTileOf<PANELS, H - 1>(x, row, k0, wp, panel_stride, kc, rows, cols, first,
+                                        bias, y, c0, next);
   }
-  PanelTileRows<H, PANELS>(x, ldx, wp, panel_stride, kc, cols, first, bias, y, ldy, next);
+  PanelTileRows<H, PANELS>(x, row, k0, wp, panel_stride, kc, cols, first, bias, y, c0, next);
 }
 
 // The height of the row tile that starts `left` rows before the end of a task.
@@ -443,17 +451,21 @@ size_t RowTileHeight(int64_t left) {
 // clamped three-panel one, which computed a third of it for nothing: 3% of every projection to
 // 512 features (nn.Transformer's and the gpt recipe's out-projections and fc2). Same FMA chains,
 // same bits.
-void PanelTile(const float* x, int64_t ldx, const float* wp, int64_t panel_stride, size_t kc,
-               size_t rows, size_t cols, bool first, const float* bias, float* y, int64_t ldy,
-               const NextLines& next) {
+// Rows row .. row + rows - 1 of x from step k0 on, of y from column c0 on.
+void PanelTile(const RowsInF32& x, int64_t row, int64_t k0, const float* wp,
+               int64_t panel_stride, size_t kc, size_t rows, size_t cols, bool first,
+               const float* bias, const RowsOutF32& y, int64_t c0, const NextLines& next) {
   if constexpr (kTilePanels == 3) {
     const size_t panels = (cols + kWeightPanel - 1) / kWeightPanel;
     if (panels == 2)
-      return PanelTileOf<2>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y, ldy, next);
+      return PanelTileOf<2>(x, row, k0, wp, panel_stride, kc, rows, cols, first, bias, y, c0,
+                            next);
     if (panels == 1)
-      return PanelTileOf<1>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y, ldy, next);
+      return PanelTileOf<1>(x, row, k0, wp, panel_stride, kc, rows, cols, first, bias, y, c0,
+                            next);
   }
-  PanelTileOf<kTilePanels>(x, ldx, wp, panel_stride, kc, rows, cols, first, bias, y, ldy, next);
+  PanelTileOf<kTilePanels>(x, row, k0, wp, panel_stride, kc, rows, cols, first, bias, y, c0,
+                           next);
 }
 
 void LinearPackWeightsF32(int64_t n, int64_t k, const float* w, int64_t ldw, int64_t q0,
@@ -478,9 +490,9 @@ void LinearPackWeightsF32(int64_t n, int64_t k, const float* w, int64_t ldw, int
   }
 }
 
-void LinearPanelsF32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t r1,
-                     const float* wp, int64_t n, int64_t c0, int64_t c1, int64_t next_c0,
-                     int64_t next_c1, const float* bias, float* y, int64_t ldy) {
+void LinearPanelsF32(int64_t k, RowsInF32 x, int64_t r0, int64_t r1, const float* wp, int64_t n,
+                     int64_t c0, int64_t c1, int64_t next_c0, int64_t next_c1, const float* bias,
+                     RowsOutF32 y) {
   const int64_t tile_rows = static_cast<int64_t>(kTileRows);
   const int64_t tile_cols = static_cast<int64_t>(kTileCols);
   const int64_t panel = static_cast<int64_t>(kWeightPanel);
@@ -557,7 +569,7 @@ void LinearPanelsF32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t
         // The next row tile's outputs, which its loads (or first stores) would miss on.
         for (int64_t rr = r + h; rr < std::min(r1, r + h + tile_rows); ++rr)
           for (int64_t cc = c; cc < c + static_cast<int64_t>(cols); cc += panel)
-            __builtin_prefetch(y + rr * ldy + cc, 1);
+            __builtin_prefetch(y.row(rr) + cc, 1);
         NextLines next;
         if (r > r0 && next_done < next_lines) {
           const size_t q = next_done / next_steps, s0 = next_done % next_steps;
@@ -567,9 +579,8 @@ void LinearPanelsF32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t
                   n << shift, shift, next_into_l2};
           next_done += n;
         }
-        PanelTile(x + r * ldx + k0, ldx, slice, panel_stride, static_cast<size_t>(kc),
-                  static_cast<size_t>(h), cols, first,
-                  last && bias ? bias + c : nullptr, y + r * ldy + c, ldy, next);
+        PanelTile(x, r, k0, slice, panel_stride, static_cast<size_t>(kc), static_cast<size_t>(h),
+                  cols, first, last && bias ? bias + c : nullptr, y, c, next);
       }
     }
   }
@@ -608,14 +619,13 @@ void PanelMatvecRows(int64_t k, const float* const* x, const float* wp, int64_t 
   }
 }
 
-void LinearPanelsMatvecF32(int64_t m, int64_t k, const float* x, int64_t ldx, const float* wp,
-                           int64_t n, int64_t c0, int64_t c1, const float* bias, float* y,
-                           int64_t ldy) {
+void LinearPanelsMatvecF32(int64_t m, int64_t k, RowsInF32 x, const float* wp, int64_t n,
+                           int64_t c0, int64_t c1, const float* bias, RowsOutF32 y) {
   const float* xr[cpu::kLinearMatvecRows];
   float* yr[cpu::kLinearMatvecRows];
   for (int64_t r = 0; r < m; ++r) {
-    xr[r] = x + r * ldx;
-    yr[r] = y + r * ldy;
+    xr[r] = x.row(r);
+    yr[r] = y.row(r);
   }
   c1 = std::min(c1, n);
   switch (m) {
@@ -684,17 +694,15 @@ void linear_pack_weights_f32(int64_t n, int64_t k, const float* w, int64_t ldw, 
   HWY_DYNAMIC_DISPATCH(LinearPackWeightsF32)(n, k, w, ldw, q0, q1, panels);
 }
 
-void linear_panels_f32(int64_t k, const float* x, int64_t ldx, int64_t r0, int64_t r1,
-                       const float* panels, int64_t n, int64_t c0, int64_t c1, int64_t next_c0,
-                       int64_t next_c1, const float* bias, float* y, int64_t ldy) {
-  HWY_DYNAMIC_DISPATCH(LinearPanelsF32)
-  (k, x, ldx, r0, r1, panels, n, c0, c1, next_c0, next_c1, bias, y, ldy);
+void linear_panels_f32(int64_t k, RowsInF32 x, int64_t r0, int64_t r1, const float* panels,
+                       int64_t n, int64_t c0, int64_t c1, int64_t next_c0, int64_t next_c1,
+                       const float* bias, RowsOutF32 y) {
+  HWY_DYNAMIC_DISPATCH(LinearPanelsF32)(k, x, r0, r1, panels, n, c0, c1, next_c0, next_c1, bias, y);
 }
 
-void linear_panels_matvec_f32(int64_t m, int64_t k, const float* x, int64_t ldx,
-                              const float* panels, int64_t n, int64_t c0, int64_t c1,
-                              const float* bias, float* y, int64_t ldy) {
-  HWY_DYNAMIC_DISPATCH(LinearPanelsMatvecF32)(m, k, x, ldx, panels, n, c0, c1, bias, y, ldy);
+void linear_panels_matvec_f32(int64_t m, int64_t k, RowsInF32 x, const float* panels, int64_t n,
+                              int64_t c0, int64_t c1, const float* bias, RowsOutF32 y) {
+  HWY_DYNAMIC_DISPATCH(LinearPanelsMatvecF32)(m, k, x, panels, n, c0, c1, bias, y);
 }
 
 int64_t linear_panel_tile_cols_f32() { return HWY_DYNAMIC_DISPATCH(LinearPanelTileColsF32)(); }
