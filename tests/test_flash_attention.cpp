@@ -554,6 +554,56 @@ BOOST_AUTO_TEST_CASE(region_penalty) {
   }
 }
 
+// A tile's last one or two rows past a row vector run on their own where its keys are one
+// block and its only additive terms a key-major bias and region ids (Swin's windows): row
+// counts leaving 1 or 2 on every target (1, 2, 17, 18, 49, 50 rows: 16, 8 and 4 lanes), head
+// dims 32 to 256, with the bias and regions and without, scores ~1e3 apart, and a NaN in a
+// last row's query or in a key.
+BOOST_AUTO_TEST_CASE(single_rows) {
+  LogWorstError log;
+  std::mt19937 rng(29);
+  std::uniform_int_distribution<int> small(-4, 4);
+  struct Dims {
+    int64_t d, dv, h, w;  // keys: an h x w window
+  };
+  for (const Dims& dm : {Dims{32, 32, 8, 8}, Dims{64, 48, 4, 8}, Dims{256, 16, 3, 5}}) {
+    const int64_t T = dm.h * dm.w;
+    for (const int64_t rows : {1, 2, 17, 18, 49, 50}) {
+      if (rows > T) continue;
+      for (const bool additive : {false, true}) {
+        Problem p;
+        p.Shape(rows, T, dm.d, dm.dv);
+        p.Random(rng);
+        p.scale = 1.0f / std::sqrt(static_cast<float>(dm.d));
+        if (additive) {
+          p.RelBias(dm.h, dm.w, rng);
+          p.key_major = true;
+          p.region.resize(static_cast<size_t>(T));
+          for (int32_t& id : p.region) id = static_cast<int32_t>(rng() % 3);
+          p.region_penalty = -100.0f;
+        }
+        Check(p);
+        // Integer scores (exact in float: the float64 reference sees no rounding there) up to
+        // ~8000 apart; the bias would round at that magnitude, so without it.
+        if (!additive) {
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t i = 0; i < p.d; ++i) p.Q(r, i) = static_cast<float>(small(rng));
+          for (int64_t s = 0; s < T; ++s)
+            for (int64_t i = 0; i < p.d; ++i) p.K(s, i) = static_cast<float>(small(rng));
+          p.scale = 16.0f;
+          Check(p);
+          p.scale = 0.5f;
+        }
+        p.Q(rows - 1, 1) = kNaN;  // that row only
+        Check(p);
+        p.Q(rows - 1, 1) = 1.0f;
+        p.K(T / 2, 0) = kNaN;  // every row
+        Check(p);
+      }
+    }
+  }
+}
+
 // Rows with every key masked get zeros (never NaN), alone, next to live rows, and with the
 // causal cut; key blocks masked for every row of a row block are skipped without changing the
 // result; a row that sees only its last key block.

@@ -26,7 +26,8 @@
 //      lazy reference gained 0.9-1.3 points of the FMA probe on AVX2 at T = 512 and 4096 and
 //      was within noise on AVX-512 (Zen 4; benchmarks/results/, *-zen4-attention-core-s18).
 //      Where all keys are one block (Swin's windows, T <= 32 at d = 64) O is final after it:
-//      the tile stores O / l into the output rows, never O into scratch.
+//      the tile stores O / l into the output rows, never O into scratch; a last row or two
+//      past a row vector run on their own there (SingleRowOneBlock).
 // At head_dim = v_head_dim = 64 a (row block, key block) step is 2 x 2048 FMAs against 64 vector
 // exps of 10-13 ops, 7 of them on the FMA pipes: ~11% extra FMA-pipe work (Exp2F32 after one
 // FMA, RowBlockStep). The exps as powers of two on AVX2 made its core 0.5-3% faster on Zen 4
@@ -730,6 +731,107 @@ void TransposeQueries(const FlashAttentionTile& t, int64_t p0, int64_t np, size_
   }
 }
 
+// A row block's last one or two rows, where the tile's keys are one block read in place and its
+// only additive terms are a key-major bias and region ids (Swin's 7 x 7 windows: 49 rows are
+// 3 x 16 + 1 on AVX2, 32 + 17 on AVX-512), each on its own: head_dim in the lanes, the keys one
+// after another. In the row-block layout such a row took a vector of lanes to itself (8 on
+// AVX2, 16 on AVX-512) and a score tile of one row vector, too few accumulators for 2 FMA pipes
+// of latency 4: the AVX2 window core spent ~1/7 of its time on that one row in 49, and AVX-512
+// ran its last 17 rows as 32.
+// The same arithmetic as RowBlockStep's for a tile's only key block: scores (scale q) . k +
+// (bias + penalty), the reference max the row's max (log2 units with FMA), P = 2^(S log2 e -
+// m), out = sum P v / l, zeros where l == 0, NaN from any NaN score; each dot product sums its
+// lanes and then across them, another order than the row-block tile's, within the same
+// tolerance. q of at most kSingleRowMaxDim floats, both head dims whole vectors (Panel checks).
+// Swin-T's windows (bench_attention_kernel --windows, Zen 4, 4 rounds alternating, medians):
+// AVX2 0.95 / 0.47 / 0.25 / 0.14 -> 0.86 / 0.43 / 0.23 / 0.13 ms for stages 1-4, AVX-512 0.90 /
+// 0.45 / 0.23 / 0.13 -> 0.78 / 0.39 / 0.20 / 0.11.
+constexpr size_t kSingleRowMaxDim = 256;
+constexpr size_t kSingleRowsMax = 2;
+
+// out[c0 N .. (c0 + NV) N) = sum_j p[j] v_j / l over the nk keys.
+template <size_t NV>
+HWY_INLINE void SingleRowValues(DF d, const float* HWY_RESTRICT p, size_t nk,
+                                const float* HWY_RESTRICT vp, size_t v_stride, size_t c0, VF inv,
+                                float* HWY_RESTRICT out) {
+  const size_t N = hn::Lanes(d);
+  VF acc[NV];
+  for (size_t v = 0; v < NV; ++v) acc[v] = hn::Zero(d);
+  for (size_t j = 0; j < nk; ++j) {
+    const VF pj = hn::Set(d, p[j]);
+    const float* HWY_RESTRICT vr = vp + j * v_stride + c0 * N;
+    for (size_t v = 0; v < NV; ++v) acc[v] = hn::MulAdd(pj, hn::LoadU(d, vr + v * N), acc[v]);
+  }
+  for (size_t v = 0; v < NV; ++v) hn::StoreU(hn::Mul(acc[v], inv), d, out + (c0 + v) * N);
+}
+
+HWY_NOINLINE void SingleRowOneBlock(DF d, const FlashAttentionTile& t, int64_t row,
+                                    const float* kp, size_t k_stride, const float* vp,
+                                    size_t v_stride, size_t nk) {
+  const size_t N = hn::Lanes(d);
+  const size_t D = static_cast<size_t>(t.head_dim);
+  const size_t Dv = static_cast<size_t>(t.v_head_dim);
+  // The scaled query as TransposeQueries rounds it: scale q, once.
+  HWY_ALIGN float qs[kSingleRowMaxDim];
+  const float* HWY_RESTRICT q = t.q + row * t.q_stride;
+  const VF scale = hn::Set(d, t.scale);
+  for (size_t i = 0; i < D; i += N) hn::Store(hn::Mul(scale, hn::LoadU(d, q + i)), d, qs + i);
+  HWY_ALIGN float sc[cpu::flash_detail::kMaxKeyBlock + hn::MaxLanes(DF())];
+  const int32_t row_region = t.region ? t.region[t.q_pos0 + row] : 0;
+  for (size_t j = 0; j < nk; ++j) {
+    const float* HWY_RESTRICT kr = kp + j * k_stride;
+    VF acc0 = hn::Zero(d), acc1 = hn::Zero(d);
+    size_t i = 0;
+    for (; i + 2 * N <= D; i += 2 * N) {
+      acc0 = hn::MulAdd(hn::Load(d, qs + i), hn::LoadU(d, kr + i), acc0);
+      acc1 = hn::MulAdd(hn::Load(d, qs + i + N), hn::LoadU(d, kr + i + N), acc1);
+    }
+    if (i < D) acc0 = hn::MulAdd(hn::Load(d, qs + i), hn::LoadU(d, kr + i), acc0);
+    float add = 0.0f;
+    if (t.key_major_bias)
+      add += t.key_major_bias[static_cast<int64_t>(j) * t.key_major_stride + row];
+    if (t.region && t.region[j] != row_region) add += t.region_penalty;
+    sc[j] = hn::GetLane(hn::SumOfLanes(d, hn::Add(acc0, acc1))) + add;
+  }
+  const size_t padded = (nk + N - 1) / N * N;
+  for (size_t j = nk; j < padded; ++j) sc[j] = kNegInf;
+  VF bm = hn::Set(d, kNegInf);
+  for (size_t j = 0; j < padded; j += N) bm = hn::Max(bm, hn::Load(d, sc + j));
+  // RowBlockStep's reference max from -inf: the block max (log2 units with FMA) unless it is
+  // -inf or NaN, and 0 in its place where it stays -inf.
+  constexpr bool kLog2Reference = HWY_NATIVE_FMA;
+  const VF log2e = hn::Set(d, kLog2eF32);
+  const VF neg_inf = hn::Set(d, kNegInf);
+  const VF bm_all = hn::MaxOfLanes(d, bm);
+  const VF bm_ref = kLog2Reference ? hn::Mul(bm_all, log2e) : bm_all;
+  const VF m_new = hn::IfThenElse(hn::Gt(bm_ref, neg_inf), bm_ref, neg_inf);
+  const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
+  const VF neg_m = hn::Neg(m_use);
+  VF sum = hn::Zero(d);
+  for (size_t j = 0; j < padded; j += N) {
+    const VF x = hn::Load(d, sc + j);
+    const VF e = Exp2F32(d, kLog2Reference ? hn::MulAdd(x, log2e, neg_m)
+                                           : hn::Mul(hn::Sub(x, m_use), log2e));
+    hn::Store(e, d, sc + j);
+    sum = hn::Add(sum, e);
+  }
+  const float l = hn::GetLane(hn::SumOfLanes(d, sum));
+  float* HWY_RESTRICT out = t.out + row * t.out_stride;
+  if (l == 0.0f) {
+    std::memset(out, 0, Dv * sizeof(float));
+    return;
+  }
+  const VF inv = hn::Set(d, 1.0f / l);
+  const size_t dv_vecs = Dv / N;
+  size_t c0 = 0;
+  for (; c0 + 4 <= dv_vecs; c0 += 4) SingleRowValues<4>(d, sc, nk, vp, v_stride, c0, inv, out);
+  if (c0 + 2 <= dv_vecs) {
+    SingleRowValues<2>(d, sc, nk, vp, v_stride, c0, inv, out);
+    c0 += 2;
+  }
+  if (c0 < dv_vecs) SingleRowValues<1>(d, sc, nk, vp, v_stride, c0, inv, out);
+}
+
 // Rows p0 .. p0+np-1 of the tile (np <= layout panel_rows).
 void Panel(const FlashAttentionTile& t, const Layout& lay, int64_t p0, int64_t np) {
   const DF d;
@@ -777,6 +879,9 @@ void Panel(const FlashAttentionTile& t, const Layout& lay, int64_t p0, int64_t n
   // vectors of them only), rather than O into scratch for the loop at the end to read back: that
   // loop was ~5% of the AVX2 core's time at 7 x 7 windows (perf, Zen 4).
   const bool direct_out = one_block && Dv % N == 0;
+  // A last row or two on their own (SingleRowOneBlock) where those are the only additive terms.
+  const bool single_rows = direct_out && t.mask == nullptr && t.rel_table == nullptr &&
+                           !t.causal && D % N == 0 && D <= kSingleRowMaxDim;
 
   BlockCtx c;
   c.t = &t;
@@ -822,23 +927,31 @@ void Panel(const FlashAttentionTile& t, const Layout& lay, int64_t p0, int64_t n
       c.l = l + b * rb;
       c.o_live = o_live[b];
       c.out = direct_out ? t.out + c.r0 * t.out_stride : nullptr;
+      size_t single = single_rows ? c.nr % N : 0;
+      if (single > kSingleRowsMax) single = 0;
+      c.nr -= single;
+      for (size_t i = 0; i < single; ++i)
+        SingleRowOneBlock(d, t, c.r0 + static_cast<int64_t>(c.nr + i), c.kpack, c.k_stride,
+                          c.vpack, c.v_stride, nk_b);
       // A short last block works on as many row vectors as it has rows for.
-      bool ran = false;
+      bool ran = single > 0;
       switch ((c.nr + N - 1) / N) {
+        case 0:
+          break;
         case 1:
-          ran = RowBlockStep<1>(d, c, s0, nk_b);
+          ran = RowBlockStep<1>(d, c, s0, nk_b) || ran;
           break;
         case 2:
-          if constexpr (kRowVecs >= 2) ran = RowBlockStep<2>(d, c, s0, nk_b);
+          if constexpr (kRowVecs >= 2) ran = RowBlockStep<2>(d, c, s0, nk_b) || ran;
           break;
         case 3:
-          if constexpr (kRowVecs >= 3) ran = RowBlockStep<3>(d, c, s0, nk_b);
+          if constexpr (kRowVecs >= 3) ran = RowBlockStep<3>(d, c, s0, nk_b) || ran;
           break;
         default:
-          if constexpr (kRowVecs >= 4) ran = RowBlockStep<4>(d, c, s0, nk_b);
+          if constexpr (kRowVecs >= 4) ran = RowBlockStep<4>(d, c, s0, nk_b) || ran;
           break;
       }
-      o_live[b] = o_live[b] || ran;
+      o_live[b] = o_live[b] || ran;  // with single rows: written (direct_out)
     }
   }
 
