@@ -218,8 +218,32 @@ int64_t KeyBlockKeys(size_t head_dim, size_t dv_pad, size_t rb) {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // How far a score may exceed its row's reference max before the reference moves (step 2 above),
-// in log2 units (P <= 2^8; RowBlockStep converts it where m is in natural units).
+// in log2 units (P <= 2^8; MoveReference converts it where m is in natural units).
 constexpr float kRescaleSlack = 8.0f;
+
+// The reference max in log2 units where the target has FMA, natural units elsewhere
+// (RowBlockStep says why).
+constexpr bool kLog2Reference = HWY_NATIVE_FMA;
+
+// A row's reference max after a block whose max is bm, from m_old (RowBlockStep): m_new, what is
+// stored, and m_use, the same but 0 where m_new is -inf (so that -inf - m_use = -inf).
+struct SoftmaxReference {
+  VF m_new, m_use;
+};
+HWY_INLINE SoftmaxReference MoveReference(DF d, VF bm, VF m_old) {
+  const VF slack = hn::Set(d, kLog2Reference ? kRescaleSlack : kRescaleSlack * 0x1.62e43p-1f);
+  const VF bm_ref = kLog2Reference ? hn::Mul(bm, hn::Set(d, kLog2eF32)) : bm;
+  const VF m_new = hn::IfThenElse(hn::Gt(bm_ref, hn::Add(m_old, slack)), bm_ref, m_old);
+  return {m_new, hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(d, kNegInf)), m_new)};
+}
+
+// The power of two that gives a score x its weight e^(x - m): x log2 e - m_use (one FMA) in
+// log2 units, (x - m_use) log2 e in natural ones.
+HWY_INLINE VF WeightExponent(DF d, VF x, VF m_use) {
+  const VF log2e = hn::Set(d, kLog2eF32);
+  return kLog2Reference ? hn::MulAdd(x, log2e, hn::Neg(m_use))
+                        : hn::Mul(hn::Sub(x, m_use), log2e);
+}
 
 // One row block's view of the scratch for one key block.
 struct BlockCtx {
@@ -571,22 +595,16 @@ bool RowBlockStep(DF d, const BlockCtx& c, int64_t s0, size_t nk) {
   // m_old log2 e computed here it fused that into an FMA, and alpha drifted from 1 by m's
   // rounding: 1.7e-4 at scores of 5000). Without FMA, x log2 e would round at the scores'
   // magnitude: m stays in natural units there, the exponent (x - m) log2 e.
-  constexpr bool kLog2Reference = HWY_NATIVE_FMA;
   bool rescale = false;
-  const VF log2e = hn::Set(d, kLog2eF32);
-  const VF slack = hn::Set(d, kLog2Reference ? kRescaleSlack : kRescaleSlack * 0x1.62e43p-1f);
   for (size_t rv = 0; rv < RV; ++rv) {
     const VF m_old = hn::Load(d, c.m + rv * N);
-    const VF bm_ref = kLog2Reference ? hn::Mul(bm[rv], log2e) : bm[rv];
-    const VF m_new = hn::IfThenElse(hn::Gt(bm_ref, hn::Add(m_old, slack)), bm_ref, m_old);
-    const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(d, kNegInf)), m_new);
-    const VF neg_m = hn::Neg(m_use);
-    const auto exponent = [&](VF x) HWY_ATTR {
-      return kLog2Reference ? hn::MulAdd(x, log2e, neg_m) : hn::Mul(hn::Sub(x, m_use), log2e);
-    };
+    // Not a structured binding: clang before 16 cannot capture one in the lambda below.
+    const SoftmaxReference ref = MoveReference(d, bm[rv], m_old);
+    const VF m_new = ref.m_new, m_use = ref.m_use;
+    const auto exponent = [&](VF x) HWY_ATTR { return WeightExponent(d, x, m_use); };
     const VF alpha_exponent = hn::Sub(m_old, m_use);
-    const VF alpha =
-        Exp2F32(d, kLog2Reference ? alpha_exponent : hn::Mul(alpha_exponent, log2e));
+    const VF alpha = Exp2F32(d, kLog2Reference ? alpha_exponent
+                                               : hn::Mul(alpha_exponent, hn::Set(d, kLog2eF32)));
     rescale |= !hn::AllTrue(d, hn::Eq(alpha, hn::Set(d, 1.0f)));
     hn::Store(m_new, d, c.m + rv * N);
     hn::Store(alpha, d, c.alpha + rv * N);
@@ -797,21 +815,11 @@ HWY_NOINLINE void SingleRowOneBlock(DF d, const FlashAttentionTile& t, int64_t r
   for (size_t j = nk; j < padded; ++j) sc[j] = kNegInf;
   VF bm = hn::Set(d, kNegInf);
   for (size_t j = 0; j < padded; j += N) bm = hn::Max(bm, hn::Load(d, sc + j));
-  // RowBlockStep's reference max from -inf: the block max (log2 units with FMA) unless it is
-  // -inf or NaN, and 0 in its place where it stays -inf.
-  constexpr bool kLog2Reference = HWY_NATIVE_FMA;
-  const VF log2e = hn::Set(d, kLog2eF32);
-  const VF neg_inf = hn::Set(d, kNegInf);
-  const VF bm_all = hn::MaxOfLanes(d, bm);
-  const VF bm_ref = kLog2Reference ? hn::Mul(bm_all, log2e) : bm_all;
-  const VF m_new = hn::IfThenElse(hn::Gt(bm_ref, neg_inf), bm_ref, neg_inf);
-  const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
-  const VF neg_m = hn::Neg(m_use);
+  // RowBlockStep's reference from -inf, for the row's one block.
+  const VF m_use = MoveReference(d, hn::MaxOfLanes(d, bm), hn::Set(d, kNegInf)).m_use;
   VF sum = hn::Zero(d);
   for (size_t j = 0; j < padded; j += N) {
-    const VF x = hn::Load(d, sc + j);
-    const VF e = Exp2F32(d, kLog2Reference ? hn::MulAdd(x, log2e, neg_m)
-                                           : hn::Mul(hn::Sub(x, m_use), log2e));
+    const VF e = Exp2F32(d, WeightExponent(d, hn::Load(d, sc + j), m_use));
     hn::Store(e, d, sc + j);
     sum = hn::Add(sum, e);
   }
