@@ -280,6 +280,18 @@ void linear_rows_forward_f32(const KernelTable& k, int64_t rows, int64_t in_feat
   }
 }
 
+// The product from the weight's packed panels, where it has them and the device their kernel:
+// computed (with `act`), true; otherwise nothing done, false.
+bool linear_from_panels_f32(const KernelTable& k, int64_t rows, int64_t in_features,
+                            int64_t out_features, RowsInF32 x, ProjectionWeight weight,
+                            const float* bias, RowsOutF32 y, Activation act) {
+  const LinearKernels* lk = k.linear(DType::F32);
+  if (weight.panels == nullptr || lk == nullptr || lk->panels == nullptr) return false;
+  linear_panels_forward_f32(*lk, rows, in_features, out_features, x, weight.panels, bias, y,
+                            small_product(rows, in_features, out_features), k, act);
+  return true;
+}
+
 }  // namespace
 
 void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
@@ -288,13 +300,9 @@ void linear_forward_f32(const Device& device, int64_t rows, int64_t in_features,
                         float* workspace, Activation act) {
   if (rows <= 0 || out_features <= 0) return;
   const KernelTable& k = device.kernels();
-  if (const LinearKernels* lk = k.linear(DType::F32);
-      weight.panels != nullptr && lk != nullptr && lk->panels != nullptr) {
-    linear_panels_forward_f32(*lk, rows, in_features, out_features, RowsInF32{x, x_stride},
-                              weight.panels, bias, RowsOutF32{y, y_stride},
-                              small_product(rows, in_features, out_features), k, act);
+  if (linear_from_panels_f32(k, rows, in_features, out_features, RowsInF32{x, x_stride}, weight,
+                             bias, RowsOutF32{y, y_stride}, act))
     return;
-  }
   linear_rows_forward_f32(k, rows, in_features, out_features, x, x_stride, weight.rows, bias, y,
                           y_stride, workspace);
   if (act == Activation::none) return;
@@ -310,13 +318,9 @@ void linear_forward_rows_f32(const Device& device, int64_t rows, int64_t in_feat
                              const float* bias, RowsOutF32 y) {
   if (rows <= 0 || out_features <= 0) return;
   const KernelTable& k = device.kernels();
-  if (const LinearKernels* lk = k.linear(DType::F32);
-      weight.panels != nullptr && lk != nullptr && lk->panels != nullptr) {
-    linear_panels_forward_f32(*lk, rows, in_features, out_features, x, weight.panels, bias, y,
-                              small_product(rows, in_features, out_features), k,
-                              Activation::none);
+  if (linear_from_panels_f32(k, rows, in_features, out_features, x, weight, bias, y,
+                             Activation::none))
     return;
-  }
   // A weight without panels (a network packs every projection it owns: not a path the models
   // take): row by row, each the few-rows product against w read in place, which needs no
   // workspace and reads w once per row.
